@@ -1,0 +1,68 @@
+"""A tensor as stored in a model file: dense, or GGML block-quantised and kept that way until a layer decides."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+DENSE_TYPES = {
+    GGMLQuantizationType.F32: torch.float32,
+    GGMLQuantizationType.F16: torch.float16,
+    GGMLQuantizationType.BF16: torch.bfloat16,
+}
+QUANTIZED_TYPES = (
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+)
+SUPPORTED_TYPES = tuple(DENSE_TYPES) + QUANTIZED_TYPES
+
+
+@dataclass
+class StoredTensor:
+    """One weight. `shape` is the logical torch shape (out_features first for a matrix).
+
+    Dense tensors hold a torch tensor of that shape. Quantised ones hold the raw GGML blocks as
+    uint8 `[rows, bytes_per_row]`: quantisation blocks run along the last (input) dimension, so a
+    row of the matrix is a whole number of blocks and rows can be selected or reordered byte-wise.
+    """
+
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: torch.Tensor
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.qtype not in DENSE_TYPES
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.nbytes / self.numel
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if not self.is_quantized:
+            return self.data.to(dtype)
+        values = gguf_dequantize(self.data.numpy(), self.qtype)
+        return torch.from_numpy(np.ascontiguousarray(values)).reshape(self.shape).to(dtype)
+
+    def select_rows(self, index: torch.Tensor) -> "StoredTensor":
+        """Rows `index` (e.g. a permutation of attention heads), still in the stored type."""
+        return StoredTensor(self.qtype, (len(index),) + tuple(self.shape[1:]), self.data[index].contiguous())
+
+
+def block_geometry(qtype: GGMLQuantizationType) -> tuple[int, int]:
+    """(weights per block, bytes per block) of a GGML type."""
+    return GGML_QUANT_SIZES[qtype]
