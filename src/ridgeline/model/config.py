@@ -6,16 +6,6 @@ SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
-class Llama3RopeScaling:
-    """Llama 3.1's frequency-dependent RoPE scaling ("rope_type": "llama3")."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position: int
-
-
-@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -34,7 +24,6 @@ class ModelConfig:
     # Which layers use the sliding window; empty means none do.
     sliding_layers: tuple[int, ...] = ()
     rope_linear_factor: float = 1.0  # global-layer linear position scaling (Gemma 3 4B+)
-    llama3_rope: Llama3RopeScaling | None = None
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     # Gemma specifics
     qk_norm: bool = False

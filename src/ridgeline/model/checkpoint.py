@@ -1,0 +1,52 @@
+"""One way to open a model: a GGUF file or a Hugging Face directory, whichever the path is."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGUFReader
+
+from ridgeline.errors import ModelLoadError
+from ridgeline.model.config import ModelConfig
+from ridgeline.model.default_model import default_model_path
+from ridgeline.model.gguf_loader import load_gguf
+from ridgeline.model.hf_loader import load_hf_dir
+from ridgeline.model.weights import StoredTensor
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: ModelConfig
+    tensors: dict[str, StoredTensor]
+    gguf_reader: GGUFReader | None  # kept for the tokenizer, which reads its vocab from the same map
+
+    @property
+    def format(self) -> str:
+        return "gguf" if self.gguf_reader is not None else "safetensors"
+
+    @property
+    def name(self) -> str:
+        return self.path.stem if self.path.is_file() else self.path.name
+
+    def load_tokenizer(self):
+        from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
+
+        if self.gguf_reader is not None:
+            return tokenizer_from_gguf(self.gguf_reader)
+        return tokenizer_from_hf_dir(self.path)
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    return default_model_path() if model is None else Path(model).expanduser()
+
+
+def read_checkpoint(model: str | Path | None = None) -> Checkpoint:
+    """Open `model` (None: the bundled default). Tensors stay memory-mapped and quantised."""
+    path = resolve_model_path(model)
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {path}")
+    if path.is_dir():
+        config, tensors = load_hf_dir(path)
+        return Checkpoint(path, config, tensors, None)
+    config, tensors, reader = load_gguf(path)
+    return Checkpoint(path, config, tensors, reader)

@@ -1,0 +1,139 @@
+"""Read a GGUF file (memory-mapped, via the `gguf` package) into a ModelConfig and StoredTensors."""
+
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+
+from ridgeline.errors import ModelLoadError, UnsupportedError
+from ridgeline.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from ridgeline.model.weights import SUPPORTED_TYPES, StoredTensor
+
+GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's fixed pattern when the file does not list sliding layers
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # not stored in GGUF; llama.cpp hard-codes it
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, IndexError, OSError, KeyError, TypeError) as error:
+        raise ModelLoadError(f"{path} is not a readable GGUF file (truncated or corrupt?): {error}") from None
+    file_size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > file_size:
+            raise ModelLoadError(f"{path} is truncated: tensor {tensor.name} runs past the end of the file")
+    return reader
+
+
+def metadata(reader: GGUFReader) -> dict:
+    """All scalar/string/array fields as Python values (big token arrays included: read lazily by the tokenizer)."""
+    values = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key != "tokenizer.ggml.model" and len(field.data) > 1:
+            continue  # vocab arrays: the tokenizer reads those itself
+        try:
+            values[key] = field.contents()
+        except Exception:  # a field type we do not need; keep loading
+            continue
+    return values
+
+
+def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+    def get(key: str, default=None):
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    kv_heads = int(get("attention.head_count_kv", heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    layers = int(get("block_count"))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])) or None
+    rope_linear = 1.0
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        rope_linear = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+    common = dict(
+        architecture=arch,
+        vocab_size=int(vocab) if vocab else 0,
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_context=int(get("context_length")),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
+        rope_linear_factor=rope_linear,
+        tie_word_embeddings="output.weight" not in tensor_names,
+    )
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if arch == "gemma3":
+        pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            sliding = tuple(i for i, is_local in enumerate(pattern) if is_local)
+        else:
+            sliding = tuple(i for i in range(layers) if i % GEMMA3_GLOBAL_EVERY != GEMMA3_GLOBAL_EVERY - 1)
+        return ModelConfig(
+            **common,
+            rope_local_theta=GEMMA3_LOCAL_ROPE_BASE,
+            sliding_window=int(window) if window else None,
+            sliding_layers=sliding if window else (),
+            qk_norm=True,
+            sandwich_norms=True,
+            embedding_scale=hidden**0.5,
+            attention_scale=float(meta.get(f"{arch}.attention.scale", head_dim**-0.5)),
+            activation="gelu_tanh",
+        )
+    return ModelConfig(
+        **common,
+        sliding_window=int(window) if window else None,
+        sliding_layers=tuple(range(layers)) if window else (),
+        attention_bias=f"blk.0.attn_q.bias" in tensor_names,
+    )
+
+
+def _unpermute_rows(weight: StoredTensor, num_heads: int) -> StoredTensor:
+    """llama.cpp's converter interleaves each head's rows for GPT-J-style RoPE; restore the HF (rotate-half) order
+    so that every architecture shares one RoPE. Works on quantised rows because blocks run along the input dim."""
+    head_dim = weight.shape[0] // num_heads
+    half = head_dim // 2
+    order = torch.arange(weight.shape[0]).reshape(num_heads, half, 2).transpose(1, 2).reshape(-1)
+    return weight.select_rows(order)
+
+
+def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], GGUFReader]:
+    reader = open_gguf(path)
+    names = {tensor.name for tensor in reader.tensors}
+    config = config_from_metadata(metadata(reader), names)
+    tensors: dict[str, StoredTensor] = {}
+    for tensor in reader.tensors:
+        qtype = GGMLQuantizationType(tensor.tensor_type)
+        if qtype not in SUPPORTED_TYPES:
+            raise UnsupportedError(f"tensor {tensor.name} has unsupported type {qtype.name}")
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost-first
+        with warnings.catch_warnings():  # the map is read-only and we never write to it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(tensor.data)  # zero-copy view of the memory map
+        if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            data = data.reshape(shape)
+        elif qtype == GGMLQuantizationType.BF16:
+            data = data.view(torch.bfloat16).reshape(shape)
+        tensors[tensor.name] = StoredTensor(qtype, shape, data)
+    if config.vocab_size == 0:
+        config = replace(config, vocab_size=tensors["token_embd.weight"].shape[0])
+    if config.architecture in ("llama", "mistral"):
+        for i in range(config.num_layers):
+            q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"
+            tensors[q] = _unpermute_rows(tensors[q], config.num_heads)
+            tensors[k] = _unpermute_rows(tensors[k], config.num_kv_heads)
+    return config, tensors, reader
+

@@ -1,0 +1,124 @@
+"""SentencePiece-style vocabulary (GGUF `tokenizer.ggml.model = llama`, as in Gemma), tokenized as llama.cpp does.
+
+Each piece of raw text becomes one symbol per character (spaces written as U+2581). Adjacent symbols whose
+concatenation is in the vocabulary are candidate merges; the candidate with the highest vocabulary score
+(leftmost on ties) is merged first, until none is left. Characters no token covers fall back to <0xNN>
+byte tokens.
+"""
+
+import heapq
+from functools import cached_property
+
+from gguf import TokenType
+
+from ridgeline.model.tokenizer.base import Tokenizer
+from ridgeline.model.tokenizer.special_split import split_on_special
+
+SPACE_MARK = "\u2581"
+
+
+class SpmTokenizer(Tokenizer):
+    def __init__(
+        self,
+        pieces: list[str],
+        scores: list[float],
+        types: list[int],
+        *,
+        unknown_id: int | None,
+        add_space_prefix: bool,
+        **common,
+    ) -> None:
+        super().__init__(vocab_size=len(pieces), strip_leading_space=add_space_prefix, **common)
+        self.pieces = pieces
+        self.scores = scores
+        self.types = types
+        self.unknown_id = unknown_id
+        self.add_space_prefix = add_space_prefix
+
+    @cached_property
+    def piece_to_id(self) -> dict[str, int]:
+        # Built on first use: 262k entries take a moment. Duplicate pieces resolve to the last id, as in llama.cpp.
+        return {piece: token_id for token_id, piece in enumerate(self.pieces)}
+
+    @cached_property
+    def _specials(self) -> dict[bool, list[tuple[str, int]]]:
+        """Specials cut out before merging, longest first: user-defined always, control/unknown only when asked."""
+        always, on_request = (TokenType.USER_DEFINED,), (TokenType.CONTROL, TokenType.UNKNOWN)
+        by_length = sorted(range(self.vocab_size), key=lambda i: -len(self.pieces[i]))
+
+        def select(kinds: tuple[int, ...]) -> list[tuple[str, int]]:
+            return [(self.pieces[i], i) for i in by_length if self.types[i] in kinds and self.pieces[i]]
+
+        return {False: select(always), True: select(always + on_request)}
+
+    def is_special(self, token_id: int) -> bool:
+        return self.types[token_id] in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece, kind = self.pieces[token_id], self.types[token_id]
+        if kind == TokenType.BYTE:
+            return bytes([int(piece[3:5], 16)])  # "<0xNN>"
+        if kind == TokenType.NORMAL:
+            return piece.replace(SPACE_MARK, " ").encode()
+        return piece.encode()  # control and user-defined tokens stand for their own text
+
+    def encode_text(self, text: str, special: bool) -> list[int]:
+        ids: list[int] = []
+        after_special = True
+        for part in split_on_special(text, self._specials[special]):
+            if isinstance(part, int):
+                ids.append(part)
+                after_special = True
+                continue
+            if self.add_space_prefix and after_special:
+                part = " " + part
+            ids.extend(self._merge(part.replace(" ", SPACE_MARK)))
+            after_special = False
+        return ids
+
+    def _merge(self, text: str) -> list[int]:
+        vocab, scores = self.piece_to_id, self.scores
+        # Symbol i covers text[i : i + length[i]]; a symbol merged into its left neighbour gets length 0.
+        length = [1] * len(text)
+        previous = list(range(-1, len(text) - 1))
+        queue: list[tuple[float, int, int, int]] = []
+
+        def offer(left: int, right: int) -> None:
+            if left < 0 or right >= len(text):
+                return
+            size = length[left] + length[right]
+            token_id = vocab.get(text[left : left + size])
+            if token_id is not None:
+                heapq.heappush(queue, (-scores[token_id], left, right, size))
+
+        for i in range(1, len(text)):
+            offer(i - 1, i)
+        while queue:
+            _, left, right, size = heapq.heappop(queue)
+            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
+                continue  # stale: one side has merged with something else since
+            length[left] = size
+            length[right] = 0
+            following = left + size
+            if following < len(text):
+                previous[following] = left
+            offer(previous[left], left)
+            offer(left, following)
+
+        ids: list[int] = []
+        i = 0
+        while i < len(text):
+            piece = text[i : i + length[i]]
+            token_id = vocab.get(piece)
+            ids.extend([token_id] if token_id is not None else self._byte_ids(piece))
+            i += length[i]
+        return ids
+
+    def _byte_ids(self, piece: str) -> list[int]:
+        ids = []
+        for byte in piece.encode():
+            token_id = self.piece_to_id.get(f"<0x{byte:02X}>", self.unknown_id)
+            if token_id is None:
+                raise ValueError(f"the vocabulary has neither a byte token for 0x{byte:02X} nor an unknown token")
+            ids.append(token_id)
+        return ids

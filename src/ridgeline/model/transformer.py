@@ -1,0 +1,108 @@
+"""The decoder-only transformer shared by every supported architecture (gemma3, llama, mistral, qwen2).
+
+Architectures differ only in what ModelConfig says: QK-norm, sandwich norms, embedding scale, activation,
+sliding-window layers, RoPE bases, biases. Weights come as StoredTensors with GGUF names.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ridgeline.errors import ModelLoadError
+from ridgeline.model.attention_batch import AttentionBatch
+from ridgeline.model.checkpoint import Checkpoint
+from ridgeline.model.layers.attention import PagedAttention
+from ridgeline.model.layers.embedding import TokenEmbedding
+from ridgeline.model.layers.linear import make_linear
+from ridgeline.model.layers.mlp import GatedMLP
+from ridgeline.model.layers.norm import RMSNorm
+from ridgeline.model.layers.rope import RotaryEmbedding
+from ridgeline.model.weights import StoredTensor
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32  # activation / compute dtype
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attn_norm, attention, post_attn_norm, ffn_norm, mlp, post_ffn_norm):
+        super().__init__()
+        self.attn_norm, self.attention, self.post_attn_norm = attn_norm, attention, post_attn_norm
+        self.ffn_norm, self.mlp, self.post_ffn_norm = ffn_norm, mlp, post_ffn_norm
+
+    def forward(self, h, rope, batch, cache):
+        attended = self.attention(self.attn_norm(h), rope, batch, cache)
+        if self.post_attn_norm is not None:
+            attended = self.post_attn_norm(attended)
+        h = h + attended
+        mixed = self.mlp(self.ffn_norm(h))
+        if self.post_ffn_norm is not None:
+            mixed = self.post_ffn_norm(mixed)
+        return h + mixed
+
+
+class Transformer(nn.Module):
+    def __init__(self, checkpoint: Checkpoint, options: ModelOptions):
+        super().__init__()
+        config, tensors = checkpoint.config, checkpoint.tensors
+        self.config, self.options = config, options
+
+        def tensor(name: str, required: bool = True) -> StoredTensor | None:
+            if name not in tensors and required:
+                raise ModelLoadError(f"{checkpoint.path}: missing tensor {name}")
+            return tensors.get(name)
+
+        def linear(name: str) -> nn.Module:
+            return make_linear(tensor(f"{name}.weight"), tensor(f"{name}.bias", required=False),
+                               options.dtype, options.device)
+
+        def norm(name: str) -> RMSNorm:
+            return RMSNorm(tensor(name).dequantize().to(options.device), config.rms_norm_eps)
+
+        layers = []
+        for i in range(config.num_layers):
+            p = f"blk.{i}"
+            attention = PagedAttention(
+                linear(f"{p}.attn_q"), linear(f"{p}.attn_k"), linear(f"{p}.attn_v"), linear(f"{p}.attn_output"),
+                config.num_heads, config.num_kv_heads, config.head_dim, config.softmax_scale,
+                config.sliding_window if config.is_sliding(i) else None,
+                norm(f"{p}.attn_q_norm.weight") if config.qk_norm else None,
+                norm(f"{p}.attn_k_norm.weight") if config.qk_norm else None,
+            )
+            mlp = GatedMLP(linear(f"{p}.ffn_gate"), linear(f"{p}.ffn_up"), linear(f"{p}.ffn_down"), config.activation)
+            sandwich = config.sandwich_norms
+            layers.append(DecoderLayer(
+                norm(f"{p}.attn_norm.weight"), attention,
+                norm(f"{p}.post_attention_norm.weight") if sandwich else None,
+                norm(f"{p}.ffn_norm.weight"), mlp,
+                norm(f"{p}.post_ffw_norm.weight") if sandwich else None,
+            ))
+        self.layers = nn.ModuleList(layers)
+        self.embedding = TokenEmbedding(tensor("token_embd.weight"), config.embedding_scale, options.dtype, options.device)
+        self.norm = norm("output_norm.weight")
+        head = "token_embd" if config.tie_word_embeddings else "output"
+        self.lm_head = make_linear(tensor(f"{head}.weight"), None, options.dtype, options.device)
+
+        divisors = tensors.get("rope_freqs.weight")
+        divisors = divisors.dequantize() if divisors is not None else None
+        self.rope_global = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_linear_factor,
+                                           divisors, options.device)
+        self.rope_local = (RotaryEmbedding(config.head_dim, config.rope_local_theta, device=options.device)
+                           if config.rope_local_theta else self.rope_global)
+        self.windows = {layer.attention.window for layer in layers}
+
+    @torch.inference_mode()
+    def forward(self, batch: AttentionBatch, kv_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Logits (fp32) for `batch.logit_rows` only: the LM head is the largest matmul of a decode step."""
+        h = self.embedding(batch.token_ids)
+        rope_global = self.rope_global.cos_sin(batch.positions)
+        rope_local = rope_global if self.rope_local is self.rope_global else self.rope_local.cos_sin(batch.positions)
+        for i, layer in enumerate(self.layers):
+            rope = rope_local if self.config.is_sliding(i) else rope_global
+            h = layer(h, rope, batch, kv_cache[i])
+        h = self.norm(h[batch.logit_rows])
+        return self.lm_head(h).float()
+
