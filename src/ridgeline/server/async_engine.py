@@ -1,0 +1,188 @@
+"""Drives a synchronous `LLMEngine` from an asyncio server: the engine steps in its own thread, and each
+step's outputs are handed to the waiting HTTP handlers through per-request asyncio queues, so a token
+reaches its client as soon as the step that produced it ends.
+
+The engine is not thread-safe, so the event loop never touches it: adds and aborts are queued as commands
+that the engine thread applies between steps.
+"""
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ridgeline.errors import RidgelineError
+from ridgeline.server.errors import APIError
+from ridgeline.server.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt: list[int]
+    params: object  # SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread failed; every request in flight fails with it and the server reports unhealthy."""
+
+
+class Submission:
+    """The engine requests behind one HTTP request (one per choice) and the queue their outputs arrive on."""
+
+    def __init__(self, driver: "AsyncEngine", request_ids: list[str]):
+        self._driver = driver
+        self.request_ids = request_ids
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._unfinished = set(request_ids)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, object]]:
+        """(choice index, RequestOutput) pairs in the order the engine produced them, until all choices finish."""
+        while self._unfinished:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            index, output = item
+            if output.finished:
+                self._unfinished.discard(output.request_id)
+            yield index, output
+
+    def close(self) -> None:
+        """Abort whatever has not finished (client gone, error, shutdown) so its KV blocks are freed at once."""
+        self._driver._release(self, aborting=sorted(self._unfinished))
+        self._unfinished.clear()
+
+
+class AsyncEngine:
+    def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int):
+        self.engine = engine
+        self.metrics = metrics
+        # Admission bound: at most max_num_seqs running plus max_waiting queued; past it, 503.
+        self.capacity = max_num_seqs + max_waiting
+        self.accepting = True
+        self.error: BaseException | None = None
+        self._routes: dict[str, tuple[Submission, int]] = {}  # request id -> its submission and choice index
+        self._submissions: set[Submission] = set()
+        self._commands: list[tuple] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ event-loop side
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="ridgeline-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._routes)
+
+    def submit(self, requests: list[EngineRequest]) -> Submission:
+        """Queue all choices of one HTTP request, or none: 503 when shutting down, dead, or over capacity."""
+        if not self.accepting:
+            raise APIError(503, "server is shutting down", code="shutting_down")
+        if not self.healthy:
+            raise APIError(503, f"engine is not running: {self.error!r}", code="engine_dead")
+        if len(self._routes) + len(requests) > self.capacity:
+            raise APIError(
+                503,
+                f"server is at capacity ({self.capacity} requests in flight); retry later",
+                code="server_overloaded",
+                headers={"Retry-After": "1"},
+            )
+        submission = Submission(self, [r.request_id for r in requests])
+        arrival = time.monotonic()
+        for index, request in enumerate(requests):
+            if request.request_id in self._routes:
+                raise APIError(400, f"duplicate request id {request.request_id!r}")
+            self._routes[request.request_id] = (submission, index)
+        self._submissions.add(submission)
+        self._send([("add", request, arrival) for request in requests])
+        return submission
+
+    def _release(self, submission: Submission, aborting: list[str]) -> None:
+        for request_id in submission.request_ids:
+            self._routes.pop(request_id, None)
+        self._submissions.discard(submission)
+        if aborting:
+            self._send([("abort", request_id) for request_id in aborting])
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        """Stop accepting, let in-flight requests finish for up to drain_timeout seconds, abort the rest, stop."""
+        self.accepting = False
+        deadline = time.monotonic() + drain_timeout
+        while self._submissions and time.monotonic() < deadline and self.healthy:
+            await asyncio.sleep(0.05)
+        for submission in list(self._submissions):
+            submission.queue.put_nowait(APIError(503, "server shut down before the request finished"))
+            submission.close()
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def _send(self, commands: list[tuple]) -> None:
+        with self._wake:
+            self._commands.extend(commands)
+            self._wake.notify()
+
+    def _deliver(self, outputs: list) -> None:
+        for output in outputs:
+            route = self._routes.get(output.request_id)
+            if route is not None:  # None: its client is gone and the abort is on its way
+                submission, index = route
+                submission.queue.put_nowait((index, output))
+
+    def _reject(self, request_id: str, error: RidgelineError) -> None:
+        route = self._routes.get(request_id)
+        if route is not None:
+            route[0].queue.put_nowait(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for submission in list(self._submissions):
+            submission.queue.put_nowait(error)
+
+    # ------------------------------------------------------------ engine-thread side
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._commands and not self._stop and not self.engine.has_unfinished():
+                        self._wake.wait()
+                    commands, self._commands = self._commands, []
+                    if self._stop:
+                        return
+                for command in commands:
+                    self._apply(command)
+                outputs = self.engine.step() if self.engine.has_unfinished() else []
+                self.metrics.observe_engine(self.engine.stats())
+                for output in outputs:
+                    if output.finished:
+                        self.metrics.observe_finished(output)
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+        except BaseException as error:  # noqa: BLE001 - any engine failure must reach the waiting clients
+            self.error = error
+            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"engine failed: {error!r}"))
+            raise
+
+    def _apply(self, command: tuple) -> None:
+        if command[0] == "add":
+            _, request, arrival = command
+            try:
+                self.engine.add_request(request.request_id, request.prompt, request.params, arrival_time=arrival)
+            except RidgelineError as error:  # the request is at fault, not the engine: fail it alone
+                self._loop.call_soon_threadsafe(self._reject, request.request_id, error)
+        else:
+            self.engine.abort(command[1])
+            self.metrics.finished["abort"].inc()

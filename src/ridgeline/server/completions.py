@@ -1,0 +1,167 @@
+"""POST /v1/completions: one or more prompts, n choices each, streamed or whole; echo + logprobs scores the prompt."""
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ridgeline.model.tokenizer.detokenizer import IncrementalDetokenizer
+from ridgeline.server.async_engine import EngineRequest
+from ridgeline.server.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+from ridgeline.server.sampling import sampling_params
+from ridgeline.server.serving import SSE_DONE, ServingContext, collect, log_request, new_request_id, sse, sse_error
+
+
+class LogprobsBuilder:
+    """The legacy parallel-list logprobs of one choice, grown token by token, with text offsets into the
+    choice's text (which starts with the prompt when echoing)."""
+
+    def __init__(self, ctx: ServingContext, text_start: int = 0):
+        self.ctx = ctx
+        self.offset = text_start
+        self._detokenizer = IncrementalDetokenizer(ctx.tokenizer)
+
+    def add(self, logprobs: CompletionLogprobs, token_id: int, entry) -> None:
+        """entry: the engine's TokenLogprobs for token_id, or None (the first prompt token has no prediction)."""
+        logprobs.tokens.append(self.ctx.token_text(token_id))
+        logprobs.text_offset.append(self.offset)
+        logprobs.token_logprobs.append(None if entry is None else entry.logprob)
+        logprobs.top_logprobs.append(
+            None
+            if entry is None
+            else {self.ctx.token_text(t): lp for t, lp in zip(entry.top_token_ids, entry.top_logprobs)}
+        )
+        self.offset += len(self._detokenizer.push(token_id))
+
+    def prompt(self, prompt_ids: list[int], entries: list) -> CompletionLogprobs:
+        # The engine scores every prompt token but the first; align so entry i belongs to prompt_ids[i].
+        entries = [None] * (len(prompt_ids) - len(entries)) + list(entries)
+        logprobs = CompletionLogprobs()
+        for token_id, entry in zip(prompt_ids, entries):
+            self.add(logprobs, token_id, entry)
+        return logprobs
+
+    def generated(self, token_ids: list[int], entries: list, into: CompletionLogprobs | None = None) -> CompletionLogprobs:
+        logprobs = into or CompletionLogprobs()
+        for token_id, entry in zip(token_ids, entries):
+            self.add(logprobs, token_id, entry)
+        return logprobs
+
+
+class CompletionJob:
+    """One validated completions request: the engine requests for every (prompt, choice), and their answers."""
+
+    def __init__(self, ctx: ServingContext, request: CompletionRequest):
+        ctx.check_model(request.model)
+        self.ctx = ctx
+        self.request = request
+        self.id = new_request_id("cmpl")
+        self.started = time.monotonic()
+        self.prompts = request.prompts()
+        self.prompt_ids = [ctx.prompt_ids(p, "prompt") for p in self.prompts]
+        want_prompt_logprobs = request.echo and request.logprobs is not None
+        self.engine_requests: list[EngineRequest] = []
+        for prompt_index, ids in enumerate(self.prompt_ids):
+            params = sampling_params(
+                request,
+                max_tokens=ctx.fit_max_tokens(len(ids), request.max_tokens, "max_tokens"),
+                logprobs=request.logprobs,
+                prompt_logprobs=request.logprobs if want_prompt_logprobs else None,
+                vocab_size=ctx.tokenizer.vocab_size,
+                field_names={"prompt_logprobs": "logprobs"},
+            )
+            for choice in range(request.n):
+                self.engine_requests.append(EngineRequest(f"{self.id}-{prompt_index}-{choice}", ids, params.child(choice)))
+        self.last: list = [None] * len(self.engine_requests)  # latest output of each choice
+
+    def prompt_of(self, index: int) -> tuple[str | list[int], list[int]]:
+        prompt_index = index // self.request.n
+        return self.prompts[prompt_index], self.prompt_ids[prompt_index]
+
+    def echo_text(self, index: int) -> str:
+        prompt, ids = self.prompt_of(index)
+        return prompt if isinstance(prompt, str) else self.ctx.tokenizer.decode(ids)
+
+    def usage(self) -> Usage:
+        usage = Usage()
+        for index, output in enumerate(self.last):
+            first_choice = index % self.request.n == 0  # a prompt is billed once, whatever n is
+            usage.add(
+                len(self.prompt_of(index)[1]) if first_choice else 0,
+                len(output.output_token_ids) if output is not None else 0,
+                output.num_cached_tokens if first_choice and output is not None else 0,
+            )
+        return usage
+
+    def log(self) -> None:
+        log_request(self.ctx, self.id, "completions", self.usage(), self.last, self.started, self.prompts)
+
+    def choice(self, index: int, output) -> CompletionChoice:
+        """The whole answer of one finished choice."""
+        text = output.text
+        logprobs = None
+        if self.request.logprobs is not None:
+            builder = LogprobsBuilder(self.ctx)
+            if self.request.echo:
+                logprobs = builder.prompt(output.prompt_token_ids, output.prompt_logprobs or [])
+            logprobs = builder.generated(output.output_token_ids, output.logprobs or [], into=logprobs)
+        if self.request.echo:
+            text = self.echo_text(index) + text
+        return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=output.finish_reason)
+
+
+async def create_completion(ctx: ServingContext, request: CompletionRequest, raw: Request):
+    job = CompletionJob(ctx, request)
+    submission = ctx.engine.submit(job.engine_requests)
+    if request.stream:
+        return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
+    try:
+        finals = await collect(raw, submission)
+    finally:
+        submission.close()
+    if finals is None:  # the client is gone; nobody will read a response
+        job.log()
+        return None
+    job.last = [finals[i] for i in range(len(job.engine_requests))]
+    job.log()
+    return CompletionResponse(
+        id=job.id,
+        model=ctx.model_name,
+        choices=[job.choice(i, output) for i, output in enumerate(job.last)],
+        usage=job.usage(),
+    )
+
+
+async def _stream(job: CompletionJob, submission) -> AsyncIterator[str]:
+    request = job.request
+    builders: dict[int, LogprobsBuilder] = {}
+    try:
+        async for index, output in submission.outputs():
+            previous, job.last[index] = job.last[index], output
+            text, logprobs = output.new_text, None
+            if previous is None and request.echo:
+                text = job.echo_text(index) + text
+            if request.logprobs is not None:
+                builder = builders.setdefault(index, LogprobsBuilder(job.ctx))
+                if previous is None and request.echo:
+                    logprobs = builder.prompt(output.prompt_token_ids, output.prompt_logprobs or [])
+                new_entries = (output.logprobs or [])[len(output.output_token_ids) - len(output.new_token_ids) :]
+                logprobs = builder.generated(output.new_token_ids, new_entries, into=logprobs)
+            if text or output.finished or logprobs is not None:
+                choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=output.finish_reason)
+                yield sse(CompletionResponse(id=job.id, model=job.ctx.model_name, choices=[choice]))
+        if request.stream_options is not None and request.stream_options.include_usage:
+            yield sse(CompletionResponse(id=job.id, model=job.ctx.model_name, choices=[], usage=job.usage()))
+    except Exception as error:  # noqa: BLE001 - the 200 is already sent; the error must travel in the stream
+        yield sse_error(error)
+    finally:
+        submission.close()
+        job.log()
+    yield SSE_DONE

@@ -1,0 +1,85 @@
+"""Prometheus metrics of one server: latency histograms per request, engine gauges per step, token counters.
+
+Each server owns its own `CollectorRegistry` (not prometheus-client's global one) so that several servers
+can live in one process, as they do in the tests.
+"""
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Seconds; spans a fast decode step on a GPU to a long queue on a busy CPU.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, list(labels), registry=self.registry, buckets=LATENCY_BUCKETS).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        self.time_to_first_token = histogram("ridgeline_time_to_first_token_seconds", "Arrival to first output token.")
+        self.inter_token_latency = histogram("ridgeline_inter_token_latency_seconds", "Gap between consecutive output tokens.")
+        self.time_per_output_token = histogram(
+            "ridgeline_time_per_output_token_seconds", "Per request: (last token - first token) / (output tokens - 1)."
+        )
+        self.e2e_latency = histogram("ridgeline_e2e_request_latency_seconds", "Arrival to finish.")
+        self.queue_time = histogram("ridgeline_request_queue_time_seconds", "Arrival to first scheduled.")
+
+        self.num_running = gauge("ridgeline_num_requests_running", "Sequences in the running batch.")
+        self.num_waiting = gauge("ridgeline_num_requests_waiting", "Sequences waiting for admission (incl. preempted).")
+        self.kv_cache_usage = gauge("ridgeline_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
+        self.num_free_blocks = gauge("ridgeline_kv_cache_free_blocks", "KV-cache blocks free for allocation.")
+        self.num_total_blocks = gauge("ridgeline_kv_cache_total_blocks", "KV-cache blocks in the pool.")
+        self.prefix_cache_hit_rate = gauge("ridgeline_prefix_cache_hit_rate", "Prefix-cache hits / queries so far (0..1).")
+        self.num_preemptions = gauge("ridgeline_num_preemptions", "Preemptions so far.")
+
+        self.prompt_tokens = counter("ridgeline_prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("ridgeline_generation_tokens", "Output tokens of finished requests.")
+        self._finished = Counter(
+            "ridgeline_request_success",
+            "Finished requests by finish reason.",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.finished = {reason: self._finished.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS}
+
+    def observe_engine(self, stats) -> None:
+        """Gauges from one `EngineStats` snapshot (called by the engine thread after every step)."""
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.kv_cache_usage.set(stats.kv_cache_usage)
+        self.num_free_blocks.set(stats.num_free_blocks)
+        self.num_total_blocks.set(stats.num_total_blocks)
+        self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
+        self.num_preemptions.set(stats.num_preemptions)
+
+    def observe_finished(self, output) -> None:
+        """Histograms and counters from one finished `RequestOutput`."""
+        timings = output.timings
+        self.prompt_tokens.inc(len(output.prompt_token_ids))
+        self.generation_tokens.inc(len(output.output_token_ids))
+        self.finished[output.finish_reason or "abort"].inc()
+        if timings.first_scheduled is not None:
+            self.queue_time.observe(output.queue_time)
+        if timings.first_token is not None:
+            self.time_to_first_token.observe(output.ttft)
+            for gap in output.itls:
+                self.inter_token_latency.observe(gap)
+            if len(timings.token_times) > 1:
+                decode_time = timings.token_times[-1] - timings.token_times[0]
+                self.time_per_output_token.observe(decode_time / (len(timings.token_times) - 1))
+        if timings.finished is not None:
+            self.e2e_latency.observe(timings.finished - timings.arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

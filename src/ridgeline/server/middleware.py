@@ -1,0 +1,80 @@
+"""Request gates that run before any body is parsed: the API key (401) and the body size limit (413).
+
+Plain ASGI middleware rather than Starlette's BaseHTTPMiddleware, which would buffer streamed responses
+and hide client disconnects from the handlers.
+"""
+
+import hmac
+import json
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ridgeline.server.errors import error_body
+
+# Paths a load balancer or Prometheus may reach without the key (as vLLM does).
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+async def _send_error(send: Send, status: int, message: str, code: str | None = None, extra_headers=()) -> None:
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ApiKeyMiddleware:
+    """Requires `Authorization: Bearer <key>` on every path but the open ones."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await _send_error(
+                    send, 401, "missing or wrong API key", "invalid_api_key", [(b"www-authenticate", b"Bearer")]
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from inside the body read; an HTTPException so that FastAPI lets it through unchanged."""
+
+    def __init__(self, max_bytes: int):
+        super().__init__(413, f"request body is larger than {max_bytes} bytes")
+
+
+class BodySizeLimitMiddleware:
+    """413 for a body over max_bytes, by its Content-Length or, for a chunked body, as it arrives."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)  # the app's HTTPException handler answers it
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    async def _too_large(self, send: Send) -> None:
+        await _send_error(send, 413, f"request body is larger than {self.max_bytes} bytes")

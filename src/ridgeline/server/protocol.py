@@ -1,0 +1,307 @@
+"""Request and response bodies of the OpenAI-compatible API, with OpenAI's field names and vLLM's sampling extras.
+
+Unknown fields are ignored (clients send many harmless ones); fields we know but do not implement are
+declared here only so that a request using them gets a 400 naming the field instead of a silent no-op.
+Types are strict: a string where a number belongs is an error, not a guess. Value ranges of sampling
+fields are checked once, by `SamplingParams.validate()`, not here.
+"""
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+class RequestModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+def _is_unset(value: Any) -> bool:
+    return value is None or value == [] or value == {} or value == ""
+
+
+def _reject_if_set(value: Any, field_name: str) -> Any:
+    if not _is_unset(value):
+        raise ValueError(f"'{field_name}' is not supported by this server")
+    return value
+
+
+class StreamOptions(RequestModel):
+    include_usage: bool = False
+
+
+class SamplingFields(RequestModel):
+    """Fields shared by completions and chat: OpenAI's sampling knobs plus vLLM's extras."""
+
+    model: str | None = None  # None: the one model this server serves
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: Any) -> Any:
+        return _reject_if_set(value, "logit_bias")
+
+    @model_validator(mode="after")
+    def _usage_options_need_stream(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("'stream_options' is only allowed when 'stream' is true")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+PromptField = (
+    str
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[int], Field(min_length=1)]
+    | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptField
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: Any) -> Any:
+        return _reject_if_set(value, "suffix")
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> "CompletionRequest":
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("'best_of' different from 'n' is not supported by this server")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: a string, a list of strings, a token list, or a list of token lists."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
+
+
+class TextPart(RequestModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(RequestModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ResponseFormat(RequestModel):
+    type: str
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True  # vLLM extra
+    # Known OpenAI features this server does not implement: present only to be refused by name.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: ResponseFormat | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+    @field_validator("tools", "functions", "function_call", "audio", "prediction", "web_search_options")
+    @classmethod
+    def _unsupported(cls, value: Any, info) -> Any:
+        return _reject_if_set(value, info.field_name)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_none_only(cls, value: Any) -> Any:
+        return value if value in (None, "none") else _reject_if_set(value, "tool_choice")
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None and value.type != "text":
+            raise ValueError(f"'response_format' of type {value.type!r} is not supported by this server (only 'text')")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality_only(cls, value: list[str] | None) -> list[str] | None:
+        if value not in (None, [], ["text"]):
+            raise ValueError("'modalities' other than ['text'] are not supported by this server")
+        return value
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' requires 'logprobs' to be true")
+        return self
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TokenizeRequest(RequestModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+
+class DetokenizeRequest(RequestModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+
+    def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.total_tokens = self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens_details.cached_tokens += cached_tokens
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions format: parallel lists, one entry per token (prompt tokens too when echoing)."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "ridgeline"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,149 @@
+"""What the completions and chat endpoints share: the model check, prompt limits, SSE framing, waiting for
+results while watching for a vanished client, and the one-line request log."""
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from ridgeline.server.async_engine import AsyncEngine, Submission
+from ridgeline.server.errors import APIError, error_body
+from ridgeline.server.protocol import Usage
+
+request_logger = logging.getLogger("ridgeline.server.requests")
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncEngine
+    tokenizer: object  # ridgeline.model.tokenizer.base.Tokenizer
+    model_name: str
+    max_model_len: int  # the model's context, capped by what the KV cache can hold for one sequence
+    log_prompts: bool = False
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model", "model_not_found")
+
+    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        """Token ids of a text or token-list prompt, with BOS as the model asks; 400 if empty or out of vocab."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise APIError(400, f"'{param}' must not be empty", param)
+            return self.tokenizer.encode(prompt)
+        bad = next((t for t in prompt if not 0 <= t < self.tokenizer.vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} in '{param}' is outside the vocabulary [0, {self.tokenizer.vocab_size})", param)
+        return list(prompt)
+
+    def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(text, special=True)
+
+    def fit_max_tokens(self, prompt_len: int, max_tokens: int | None, param: str) -> int:
+        """max_tokens, checked against the context; None means 'as many as fit'."""
+        room = self.max_model_len - prompt_len
+        if room <= 0:
+            raise APIError(
+                400,
+                f"prompt is {prompt_len} tokens; this model's context is {self.max_model_len} tokens",
+                "messages" if param == "max_completion_tokens" else "prompt",
+                "context_length_exceeded",
+            )
+        if max_tokens is None:
+            return room
+        if max_tokens > room:
+            raise APIError(
+                400,
+                f"prompt ({prompt_len} tokens) + {param} ({max_tokens}) exceeds this model's context of {self.max_model_len} tokens",
+                param,
+                "context_length_exceeded",
+            )
+        return max_tokens
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(payload: BaseModel | dict) -> str:
+    body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {body}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(error: Exception) -> str:
+    """An error after the 200 was sent can only travel inside the stream."""
+    if isinstance(error, APIError):
+        return sse(error_body(error.status, error.message, error.param, error.code))
+    return sse(error_body(500, f"internal server error: {error}"))
+
+
+async def collect(raw: Request, submission: Submission) -> dict[int, object] | None:
+    """The final output of every choice, or None if the client went away first (the caller then aborts)."""
+    finals: dict[int, object] = {}
+
+    async def gather() -> None:
+        async for index, output in submission.outputs():
+            if output.finished:
+                finals[index] = output
+
+    async def client_gone() -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    results = asyncio.create_task(gather())
+    watcher = asyncio.create_task(client_gone())
+    try:
+        done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler itself is cancelled (server shutdown)
+        watcher.cancel()
+        results.cancel()
+    if results not in done:
+        return None
+    results.result()  # re-raises what the engine sent instead of outputs
+    return finals
+
+
+def log_request(
+    ctx: ServingContext,
+    request_id: str,
+    endpoint: str,
+    usage: Usage,
+    outputs: list,
+    started: float,
+    prompt: object = None,
+) -> None:
+    """One JSON line per request: id, token counts, timings, finish reasons; the prompt only if asked for.
+    `outputs` holds the last output seen of each choice (None where none arrived)."""
+    seen = [o for o in outputs if o is not None]
+    queue_times = [o.queue_time for o in seen if o.queue_time is not None]
+    ttfts = [o.ttft for o in seen if o.ttft is not None]
+    line = {
+        "request_id": request_id,
+        "endpoint": endpoint,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.prompt_tokens_details.cached_tokens,
+        "finish_reasons": [(o.finish_reason if o is not None and o.finished else None) or "abort" for o in outputs],
+        "queue_ms": _ms(max(queue_times, default=None)),
+        "ttft_ms": _ms(min(ttfts, default=None)),
+        "e2e_ms": _ms(time.monotonic() - started),
+    }
+    if ctx.log_prompts and prompt is not None:
+        line["prompt"] = prompt
+    request_logger.info(json.dumps(line))
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
