@@ -1,0 +1,78 @@
+"""Measure this machine's two roofline numbers: memory read bandwidth and dense matmul FLOP/s.
+
+Each measurement takes well under a few seconds: it repeats a short kernel until `seconds` have passed
+and keeps the best repetition (the least disturbed by other processes on a shared machine).
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+READ_BUFFER_BYTES = 256 * 2**20  # far larger than any last-level cache, so the sum streams from DRAM
+MATMUL_SIZE = 1024
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the body with `threads` intra-op threads (None: leave torch's setting alone)."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def best_seconds(kernel: Callable[[], object], device: torch.device, seconds: float, min_repeats: int = 3) -> float:
+    """Fastest of repeated runs of `kernel` (after one warm-up run), repeating for about `seconds`."""
+    kernel()
+    _synchronize(device)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    repeats = 0
+    while repeats < min_repeats or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        kernel()
+        _synchronize(device)
+        best = min(best, time.perf_counter() - start)
+        repeats += 1
+    return best
+
+
+def measure_read_bandwidth(
+    threads: int | None = None,
+    nbytes: int = READ_BUFFER_BYTES,
+    seconds: float = 0.5,
+    device: torch.device | str = "cpu",
+) -> float:
+    """Bytes/s read by a STREAM-like sum over a float32 buffer of `nbytes`, with `threads` torch threads."""
+    device = torch.device(device)
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    with torch_threads(threads):
+        elapsed = best_seconds(lambda: buffer.sum(), device, seconds)
+    return buffer.numel() * buffer.element_size() / elapsed
+
+
+def measure_matmul_flops(
+    dtype: torch.dtype = torch.bfloat16,
+    threads: int | None = None,
+    size: int = MATMUL_SIZE,
+    seconds: float = 0.5,
+    device: torch.device | str = "cpu",
+) -> float:
+    """FLOP/s of a square `size` x `size` GEMM in `dtype` (2 * size**3 FLOPs per product)."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, generator=generator, device=device).to(dtype)
+    b = torch.randn(size, size, generator=generator, device=device).to(dtype)
+    with torch_threads(threads):
+        elapsed = best_seconds(lambda: a @ b, device, seconds)
+    return 2 * size**3 / elapsed
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,55 @@
+"""One way for the perf tools to get a model's shape: a built-in spec by name, or a real checkpoint by path."""
+
+from pathlib import Path
+
+from ridgeline.errors import ModelLoadError, RidgelineError
+from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
+from ridgeline.perf.model_shape import NO_WEIGHTS, ModelShape, WeightGroup
+from ridgeline.perf.model_specs import MODEL_SPECS, model_spec
+
+EMBEDDING = "token_embd.weight"
+LM_HEAD = "output.weight"
+
+
+def load_model_shape(model: str | None, weights: str | None = None) -> ModelShape:
+    """`model`: a GGUF file or HF directory (None: the bundled default), or a built-in spec name.
+
+    `weights` picks a spec's format (default: the format it is released in); a file is measured as stored.
+    """
+    if model is not None and model.lower() in MODEL_SPECS and not Path(model).exists():
+        return model_spec(model).shape(weights)
+    if weights is not None:
+        raise RidgelineError(f"--weights applies to built-in specs ({', '.join(MODEL_SPECS)}); a file is read as stored")
+    if model is not None and not Path(model).expanduser().exists():
+        raise ModelLoadError(f"model not found: {model!r} is neither a file nor a built-in spec ({', '.join(MODEL_SPECS)})")
+    return shape_from_checkpoint(read_checkpoint(model))
+
+
+def shape_from_checkpoint(checkpoint: Checkpoint) -> ModelShape:
+    """Group the file's real tensors by how a decode step reads them (see ModelShape)."""
+    config = checkpoint.config
+    tensors = checkpoint.tensors
+
+    def group(names: list[str]) -> WeightGroup:
+        return sum((WeightGroup(tensors[n].numel, tensors[n].nbytes) for n in names), NO_WEIGHTS)
+
+    embedding = group([EMBEDDING])
+    lm_head = embedding if config.tie_word_embeddings else group([LM_HEAD])
+    window = config.sliding_window
+    return ModelShape(
+        name=checkpoint.name,
+        weights="as stored",
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        max_context=config.max_context,
+        embedding=embedding,
+        lm_head=lm_head,
+        dense=group([n for n in tensors if n not in (EMBEDDING, LM_HEAD)]),
+        tied_embeddings=config.tie_word_embeddings,
+        sliding_window=window,
+        num_sliding_layers=len(config.sliding_layers) if window else 0,
+    )
