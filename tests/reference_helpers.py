@@ -1,0 +1,28 @@
+"""Shared by tests that compare against llama.cpp's recorded outputs on the default model."""
+
+import json
+from pathlib import Path
+
+import torch
+
+
+
+def find_reference_dir() -> Path:
+    """shared/ sits beside the checkout (../shared): in CI and in a developer's tree alike."""
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "shared" / "reference"
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError("../shared/reference not found beside the checkout")
+
+
+def load_reference() -> dict:
+    return json.loads((find_reference_dir() / "llamacpp_gemma3_270m_q4km.json").read_text())
+
+
+def teacher_forced_logits(runner, ids: list[int]) -> torch.Tensor:
+    """Logits at every position of `ids` in one pass over a fresh sequence."""
+    from ridgeline.model.attention_batch import SeqChunk
+
+    blocks = -(-len(ids) // runner.kv_cache.block_size)
+    return runner.run([SeqChunk(ids, 0, list(range(blocks)), all_logits=True)])[0]
