@@ -12,7 +12,7 @@ from ridgeline.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from ridgeline.model.weights import SUPPORTED_TYPES, StoredTensor
 
 GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's fixed pattern when the file does not list sliding layers
-GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # not stored in GGUF; llama.cpp hard-codes it
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # older files do not store it; llama.cpp hard-codes it
 
 
 def open_gguf(path: Path) -> GGUFReader:
@@ -84,7 +84,7 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
             sliding = tuple(i for i in range(layers) if i % GEMMA3_GLOBAL_EVERY != GEMMA3_GLOBAL_EVERY - 1)
         return ModelConfig(
             **common,
-            rope_local_theta=GEMMA3_LOCAL_ROPE_BASE,
+            rope_local_theta=float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
             sliding_window=int(window) if window else None,
             sliding_layers=sliding if window else (),
             qk_norm=True,
