@@ -11,6 +11,7 @@ from functools import cached_property
 
 from gguf import TokenType
 
+from ridgeline.errors import ModelLoadError
 from ridgeline.model.tokenizer.base import Tokenizer
 from ridgeline.model.tokenizer.special_split import split_on_special
 
@@ -119,6 +120,6 @@ class SpmTokenizer(Tokenizer):
         for byte in piece.encode():
             token_id = self.piece_to_id.get(f"<0x{byte:02X}>", self.unknown_id)
             if token_id is None:
-                raise ValueError(f"the vocabulary has neither a byte token for 0x{byte:02X} nor an unknown token")
+                raise ModelLoadError(f"the vocabulary has neither a byte token for 0x{byte:02X} nor an unknown token")
             ids.append(token_id)
         return ids
