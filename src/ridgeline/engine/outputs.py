@@ -1,0 +1,66 @@
+"""What the engine hands back after each step, and the numbers it reports about itself."""
+
+from dataclasses import dataclass, field
+
+from ridgeline.engine.sampler import TokenLogprobs
+
+
+@dataclass
+class RequestTimings:
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def itls(self) -> list[float]:
+        """Inter-token latencies: gaps between consecutive output tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # all so far
+    new_token_ids: list[int]  # produced by this step
+    text: str  # all so far (stop strings trimmed)
+    new_text: str  # what a stream should send now
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    logprobs: list[TokenLogprobs] | None
+    prompt_logprobs: list[TokenLogprobs] | None  # for prompt tokens 1..P-1 (the first has no context)
+    num_cached_tokens: int
+    timings: RequestTimings
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int  # prompt tokens looked up
+    prefix_cache_hits: int  # of which found cached
+    num_preemptions: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 1 - self.num_free_blocks / self.num_total_blocks
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
