@@ -1,0 +1,36 @@
+"""Engine settings shared by the commands that run a model."""
+
+from pathlib import Path
+
+from ridgeline.engine.kv_cache import KVCacheConfig
+from ridgeline.engine.llm_engine import EngineConfig
+from ridgeline.engine.scheduler import SchedulerConfig
+from ridgeline.errors import RidgelineError
+
+UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512M', '1.5g' or plain bytes."""
+    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if cleaned and cleaned[-1] in UNITS:
+            return int(float(cleaned[:-1]) * UNITS[cleaned[-1]])
+        return int(cleaned)
+    except ValueError:
+        raise RidgelineError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MiB)") from None
+
+
+def engine_config(model: Path | None, *, threads: int | None = None, dtype: str = "float32",
+                  kv_cache_memory: str = "2GiB", kv_cache_dtype: str = "bf16", block_size: int = 16,
+                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, prefix_caching: bool = True,
+                  chunked_prefill: bool = True) -> EngineConfig:
+    return EngineConfig(
+        model=str(model) if model is not None else None,
+        dtype=dtype,
+        threads=threads,
+        kv_cache=KVCacheConfig(block_size, kv_cache_dtype, parse_bytes(kv_cache_memory)),
+        scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                  block_size=block_size, enable_prefix_caching=prefix_caching,
+                                  enable_chunked_prefill=chunked_prefill),
+    )

@@ -1,0 +1,55 @@
+"""`ridgeline perplexity`: score a text file as llama.cpp's llama-perplexity does."""
+
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from ridgeline.cli.app import app
+from ridgeline.engine.kv_cache import KVCache, KVCacheConfig
+from ridgeline.engine.model_runner import ModelRunner
+from ridgeline.errors import RidgelineError
+from ridgeline.evaluate.perplexity import perplexity
+from ridgeline.model.checkpoint import read_checkpoint
+from ridgeline.model.transformer import ModelOptions, Transformer
+
+
+@app.command("perplexity", help="Perplexity of FILE in non-overlapping --ctx windows, each scored on its second half "
+                                "(as llama-perplexity -c CTX -b CTX). Prints PPL = value ± uncertainty.")
+def perplexity_command(
+    file: Path = typer.Argument(..., help="UTF-8 text file to score."),
+    model: Path = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: bundled model)."),
+    ctx: int = typer.Option(512, "--ctx", "-c", help="Window length in tokens."),
+    threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
+) -> None:
+    if not file.is_file():
+        raise RidgelineError(f"text file not found: {file}")
+    if ctx < 4:
+        raise RidgelineError(f"--ctx must be at least 4, got {ctx}")
+    if threads:
+        torch.set_num_threads(threads)
+    console = Console()
+    checkpoint = read_checkpoint(model)
+    tokenizer = checkpoint.load_tokenizer()
+    model_ = Transformer(checkpoint, ModelOptions())
+    if ctx > checkpoint.config.max_context:
+        raise RidgelineError(f"--ctx {ctx} exceeds the model's context of {checkpoint.config.max_context}")
+    cache_config = KVCacheConfig(dtype="fp32")
+    runner = ModelRunner(model_, KVCache(checkpoint.config, cache_config, -(-ctx // cache_config.block_size),
+                                         model_.options.device))
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise RidgelineError(f"{file} is not UTF-8 text: {error}") from None
+    ids = tokenizer.encode(text)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("scoring", total=len(ids) // ctx)
+
+        def on_window(done: int, total: int, running: float) -> None:
+            progress.update(task, completed=done, description=f"scoring (PPL so far {running:.4f})")
+
+        result = perplexity(runner, ids, tokenizer.bos_id, ctx, on_window)
+    console.print(f"{result.windows} windows of {ctx} tokens, {result.scored_tokens} tokens scored")
+    console.print(f"PPL = {result.perplexity:.4f} ± {result.uncertainty:.4f}", highlight=False)
