@@ -29,24 +29,23 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # None: no key required
-    served_model_name: str | None = None  # None: derived from the model path
+    served_model_name: str | None = None  # None: the engine's model name (from the file or directory)
     max_waiting: int = 256  # requests queued beyond the running batch before new ones get 503
     max_body_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 30.0  # on shutdown, seconds in-flight requests get to finish before being aborted
     log_prompts: bool = False
 
 
-def create_app(engine, config: ServerConfig, model_name: str) -> FastAPI:
+def create_app(engine, config: ServerConfig) -> FastAPI:
     """`engine` is a ready LLMEngine; the app drives it from its own thread between startup and shutdown."""
+    model_name = config.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
     driver = AsyncEngine(engine, metrics, engine.config.scheduler.max_num_seqs, config.max_waiting)
-    stats = engine.stats()
-    kv_capacity = stats.num_total_blocks * engine.config.scheduler.block_size
     ctx = ServingContext(
         engine=driver,
         tokenizer=engine.tokenizer,
         model_name=model_name,
-        max_model_len=min(engine.model_config.max_context, kv_capacity),
+        max_model_len=engine.scheduler.max_seq_len,
         log_prompts=config.log_prompts,
     )
 

@@ -184,5 +184,4 @@ class AsyncEngine:
             except RidgelineError as error:  # the request is at fault, not the engine: fail it alone
                 self._loop.call_soon_threadsafe(self._reject, request.request_id, error)
         else:
-            self.engine.abort(command[1])
-            self.metrics.finished["abort"].inc()
+            self.engine.abort(command[1])  # frees its blocks now; its "abort" output comes from the next step

@@ -69,17 +69,17 @@ class ServerMetrics:
         self.prompt_tokens.inc(len(output.prompt_token_ids))
         self.generation_tokens.inc(len(output.output_token_ids))
         self.finished[output.finish_reason or "abort"].inc()
-        if timings.first_scheduled is not None:
-            self.queue_time.observe(output.queue_time)
-        if timings.first_token is not None:
-            self.time_to_first_token.observe(output.ttft)
-            for gap in output.itls:
+        if timings.queue_time is not None:
+            self.queue_time.observe(timings.queue_time)
+        if timings.ttft is not None:
+            self.time_to_first_token.observe(timings.ttft)
+            for gap in timings.itls:
                 self.inter_token_latency.observe(gap)
             if len(timings.token_times) > 1:
                 decode_time = timings.token_times[-1] - timings.token_times[0]
                 self.time_per_output_token.observe(decode_time / (len(timings.token_times) - 1))
-        if timings.finished is not None:
-            self.e2e_latency.observe(timings.finished - timings.arrival)
+        if timings.e2e is not None:
+            self.e2e_latency.observe(timings.e2e)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

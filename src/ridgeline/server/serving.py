@@ -127,8 +127,8 @@ def log_request(
     """One JSON line per request: id, token counts, timings, finish reasons; the prompt only if asked for.
     `outputs` holds the last output seen of each choice (None where none arrived)."""
     seen = [o for o in outputs if o is not None]
-    queue_times = [o.queue_time for o in seen if o.queue_time is not None]
-    ttfts = [o.ttft for o in seen if o.ttft is not None]
+    queue_times = [o.timings.queue_time for o in seen if o.timings.queue_time is not None]
+    ttfts = [o.timings.ttft for o in seen if o.timings.ttft is not None]
     line = {
         "request_id": request_id,
         "endpoint": endpoint,

@@ -1,0 +1,59 @@
+"""Run the server: in the foreground for `ridgeline serve`, or on a background thread for tests and benchmarks."""
+
+import logging
+import signal
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from ridgeline.server.app import ServerConfig
+
+
+def configure_logging() -> None:
+    """Our request lines on stderr beside uvicorn's own, one per request (uvicorn's access log stays off)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_server(app: FastAPI, config: ServerConfig) -> None:
+    """Serve until SIGTERM or SIGINT: stop accepting, give in-flight requests drain_timeout to finish, abort the
+    rest, stop the engine, return."""
+    # uvicorn re-raises the signal it caught once it has shut down; ignoring SIGTERM by then makes that a clean exit.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        access_log=False,
+        timeout_graceful_shutdown=max(1, round(config.drain_timeout)),
+        log_level="info",
+    )
+
+
+class BackgroundServer:
+    """`with BackgroundServer(app) as server:` serves app on a free loopback port at server.url until the block ends."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", drain_timeout: float = 5.0, startup_timeout: float = 60.0):
+        config = uvicorn.Config(
+            app, host=host, port=0, access_log=False, log_level="warning", timeout_graceful_shutdown=max(1, round(drain_timeout))
+        )
+        self.server = uvicorn.Server(config)
+        self.startup_timeout = startup_timeout
+        self._thread = threading.Thread(target=self.server.run, name="ridgeline-server", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> "BackgroundServer":
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.server.should_exit = True
+        self._thread.join()

@@ -1,0 +1,59 @@
+"""`ridgeline serve` on SIGTERM: stops accepting connections, lets the in-flight stream finish, exits with 0."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from server_helpers import tiny_model_path
+
+
+@pytest.fixture
+def serve_process():
+    command = [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(tiny_model_path()),
+               "--port", "0", "--kv-cache-memory", "0.01", "--kv-cache-dtype", "fp32", "--drain-timeout", "30"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    url = None
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line and process.poll() is not None:
+            break
+        if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
+            url = match.group(1)
+    assert url, "the server did not start"
+    yield process, url
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_cleanly(serve_process):
+    process, url = serve_process
+    body = {"prompt": "the quick brown fox", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    chunks, finish, done = 0, None, False
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunk = json.loads(line.removeprefix("data: "))
+                finish = chunk["choices"][0]["finish_reason"] or finish
+                chunks += 1
+                if chunks == 1:
+                    process.send_signal(signal.SIGTERM)
+                    time.sleep(0.3)
+                    with pytest.raises(httpx.ConnectError):  # no new connections while draining
+                        httpx.get(f"{url}/health", timeout=5)
+    assert done and finish == "length"
+    assert process.wait(timeout=30) == 0
+    log = process.stderr.read()
+    request_lines = [json.loads(line.split("ridgeline.server.requests: ", 1)[1]) for line in log.splitlines()
+                     if "ridgeline.server.requests: " in line]
+    assert len(request_lines) == 1 and request_lines[0]["completion_tokens"] == 400
+    assert "prompt" not in request_lines[0] and "quick brown" not in log  # no prompt text by default
