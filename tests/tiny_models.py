@@ -100,3 +100,18 @@ def write_gguf(model, arch: str, path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def save_tokenizer(directory: Path, vocab_size: int = 384) -> None:
+    """A byte-level BPE tokenizer.json small enough for the tiny models' vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = ["the quick brown fox jumps over the lazy dog", "decode is memory bound", "prefill is compute bound"] * 20
+    tokenizer.train_from_iterator(corpus, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
