@@ -6,7 +6,7 @@ from pathlib import Path
 import gguf
 import pytest
 from tokenizers import Tokenizer as HfBackend
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
 from ridgeline.model.default_model import default_model_path
@@ -195,3 +195,27 @@ def test_directory_without_tokenizer_json_is_a_load_error(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="not a valid tokenizer.json"):
         tokenizer_from_hf_dir(tmp_path)
+
+
+def test_sentencepiece_style_tokenizer_json_with_byte_fallback_and_dummy_prefix(tmp_path):
+    # Llama-2's layout: spaces become "▁" with one put in front; unknown characters fall back to <0xNN> bytes.
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ["▁", "h", "e", "l", "o", "▁h", "el", "▁hel", "lo", "▁hello"]:
+        vocab[piece] = len(vocab)
+    merges = [("▁", "h"), ("e", "l"), ("▁h", "el"), ("l", "o"), ("▁hel", "lo")]
+    backend = HfBackend(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    tokenizer = tokenizer_from_hf_dir(tmp_path)
+
+    ids = tokenizer.encode("hello 語")
+    assert ids == backend.encode("hello 語").ids
+    assert ids[:2] == [1, vocab["▁hello"]] and vocab["<0xE8>"] in ids  # 語 is E8 AA 9E, in bytes
+    assert tokenizer.decode(ids) == backend.decode(ids) == "hello 語"
+    assert tokenizer.eos_ids == {2} and tokenizer.chat_template is None

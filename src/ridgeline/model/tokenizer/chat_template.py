@@ -10,6 +10,7 @@ from ridgeline.errors import RidgelineError
 
 # Used when the model file has no template (the default Gemma 3 file has none). Gemma has no system role:
 # a system message is folded into the first user turn, and the assistant's turns are called "model".
+# Content may be a string or OpenAI-style parts ([{"type": "text", "text": ...}]); text parts are joined.
 GEMMA_TEMPLATE = """\
 {{- bos_token -}}
 {%- if messages and messages[0]['role'] == 'system' -%}
@@ -23,8 +24,12 @@ GEMMA_TEMPLATE = """\
     {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
         {{- raise_exception('Gemma chat roles must alternate user, assistant, user, ... (got ' ~ message['role'] ~ ')') -}}
     {%- endif -%}
+    {%- set content = message['content'] -%}
+    {%- if content is not string -%}
+        {%- set content = content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join -%}
+    {%- endif -%}
     {{- '<start_of_turn>' ~ ('model' if message['role'] == 'assistant' else message['role']) ~ '\n' -}}
-    {{- (system_prefix if loop.first else '') ~ message['content'] | trim -}}
+    {{- (system_prefix if loop.first else '') ~ content | trim -}}
     {{- '<end_of_turn>\n' -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
