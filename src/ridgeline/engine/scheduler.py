@@ -1,0 +1,265 @@
+"""Continuous batching under one token budget (vLLM V1 style, stall-free chunked prefill as in Sarathi-Serve).
+
+One step = one forward pass. schedule() picks what it computes: every running decode first (one token each,
+so streams never stall behind a long prompt), then prefill chunks, of running partially-prefilled sequences and
+then of waiting ones in arrival order, until `max_num_batched_tokens` is spent. When the KV pool runs dry the
+most recently admitted sequence is preempted: its blocks are freed (full ones stay in the prefix cache) and it
+goes back to the front of the queue to be recomputed, prompt and generated tokens alike. After the forward pass,
+update() records what was computed and appends the sampled tokens.
+
+No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
+"""
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ridgeline.engine.block_manager import BlockManager
+from ridgeline.engine.sequence import Sequence, SequenceStatus
+from ridgeline.errors import ContextLengthError, RidgelineError
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048  # tokens computed per step, decodes and prefill chunks together
+    max_num_seqs: int = 256  # running sequences at once (decodes beyond the token budget wait a step)
+    block_size: int = 16  # tokens per KV block
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True  # off: a prompt is prefilled whole in one step or waits
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            if getattr(self, name) < 1:
+                raise RidgelineError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # index (= position) of the first token to compute
+    num_tokens: int
+    samples: bool  # ends at the sequence's last token, so its last logits give the next token
+    block_table: tuple[int, ...]  # the sequence's blocks as of this step: token i's KV lives in block_table[i // bs]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.start : self.start + self.num_tokens]
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.samples
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]  # decodes first, then prefill chunks; each list in admission order
+    preempted: list[Sequence]  # sequences sent back to the queue this step
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def sampling_chunks(self) -> list[ScheduledChunk]:
+        """The chunks that need a sampled token, in the order update() expects the tokens."""
+        return [chunk for chunk in self.chunks if chunk.samples]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        num_blocks: int,
+        max_model_len: int,
+        eos_token_ids: Iterable[int] = (),
+        clock: Callable[[], float] = time.monotonic,  # a simulator passes its own clock
+    ) -> None:
+        self.config = config
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        # A sequence can never hold more than the whole pool, so that is a length limit too.
+        self.max_seq_len = min(max_model_len, num_blocks * config.block_size)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self._requests: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def add_request(self, seq: Sequence) -> None:
+        self._check_fits(seq)
+        self.waiting.append(seq)
+        self._requests[seq.request_id] = seq
+
+    def fork(self, parent_request_id: str, child: Sequence) -> None:
+        """Add child, sharing the parent's computed full blocks that hold the child's leading tokens (e.g. the
+        n samples of one prompt, forked once the prompt is prefilled). With no room to run now, the child simply
+        queues like a new request (and, with prefix caching, still finds those blocks)."""
+        parent = self._requests.get(parent_request_id)
+        if parent is None or parent.status is not SequenceStatus.RUNNING or len(self.running) >= self.config.max_num_seqs:
+            self.add_request(child)
+            return
+        self._check_fits(child)
+        child.num_computed_tokens = child.num_cached_tokens = self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        self._requests[child.request_id] = child
+
+    def schedule(self) -> SchedulerOutput:
+        now = self.clock()
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[Sequence, ScheduledChunk] = {}  # insertion order = output order
+        preempted: list[Sequence] = []
+
+        decodes = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
+        prefills = [seq for seq in self.running if seq.num_uncomputed_tokens > 1]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_tokens = self._chunk_size(seq.num_uncomputed_tokens, budget)
+            if num_tokens == 0:
+                continue
+            while not self.block_manager.allocate(seq, num_tokens):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim in scheduled:  # a later-admitted decode loses its slot to an earlier prefill
+                    budget += scheduled.pop(victim).num_tokens
+                if victim is seq:
+                    break
+            else:
+                scheduled[seq] = self._chunk(seq, num_tokens, now)
+                budget -= num_tokens
+
+        # Admit in arrival order; none after a preemption (the pool is already short).
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            cached_blocks = self.block_manager.find_cached_prefix(seq)
+            num_cached = len(cached_blocks) * self.config.block_size
+            num_tokens = self._chunk_size(seq.num_tokens - num_cached, budget)
+            if num_tokens == 0 or not self.block_manager.allocate(seq, num_tokens, cached_blocks):
+                break  # first come, first served: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            if seq.status is SequenceStatus.WAITING:
+                seq.num_cached_tokens = num_cached
+            if self.block_manager.prefix_cache is not None:
+                self.block_manager.prefix_cache.record_lookup(seq.num_tokens, num_cached)
+            seq.status = SequenceStatus.RUNNING
+            seq.num_computed_tokens = num_cached
+            self.running.append(seq)
+            scheduled[seq] = self._chunk(seq, num_tokens, now)
+            budget -= num_tokens
+
+        return SchedulerOutput(chunks=list(scheduled.values()), preempted=preempted)
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
+        """Record that output's chunks were computed and append one sampled token per sampling chunk (in
+        output.sampling_chunks order). Returns the sequences that finished. Sequences aborted or finished since
+        schedule() are skipped."""
+        if len(sampled_token_ids) != len(output.sampling_chunks):
+            raise ValueError(f"expected {len(output.sampling_chunks)} sampled tokens, got {len(sampled_token_ids)}")
+        now = self.clock()
+        tokens = iter(sampled_token_ids)
+        finished = []
+        for chunk in output.chunks:
+            token_id = next(tokens) if chunk.samples else None
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            end = chunk.start + chunk.num_tokens
+            # Blocks filled by this pass become hits for later requests (not earlier: their KV was not written).
+            self.block_manager.cache_blocks(seq, chunk.start, end)
+            seq.num_computed_tokens = end
+            if token_id is None:
+                if end == seq.num_tokens:  # max_tokens=0: the prompt was only scored
+                    self._finish(seq, "length")
+                    finished.append(seq)
+                continue
+            seq.append_token(token_id, now)
+            reason = self._stop_reason(seq, token_id)
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def finish_request(self, request_id: str, reason: str) -> Sequence | None:
+        """End a request now (a stop string the detokenizer found, or an abort) and free its blocks at once.
+        Unknown or already finished ids are ignored (an abort can race the request's own finish)."""
+        seq = self._requests.get(request_id)
+        if seq is not None:
+            self._finish(seq, reason)
+        return seq
+
+    def abort(self, request_id: str) -> Sequence | None:
+        return self.finish_request(request_id, "abort")
+
+    def _check_fits(self, seq: Sequence) -> None:
+        if seq.request_id in self._requests:
+            raise RidgelineError(f"request id {seq.request_id!r} is already in use")
+        if seq.num_tokens >= self.max_seq_len:
+            raise ContextLengthError(
+                f"request {seq.request_id!r} has {seq.num_tokens} tokens, leaving no room to generate within "
+                f"{self.max_seq_len} (the model's context or the KV cache, whichever is smaller)"
+            )
+        if not self.config.enable_chunked_prefill and seq.num_tokens > self.config.max_num_batched_tokens:
+            raise RidgelineError(
+                f"request {seq.request_id!r} has {seq.num_tokens} prompt tokens, more than max_num_batched_tokens "
+                f"({self.config.max_num_batched_tokens}); enable chunked prefill or raise the budget"
+            )
+
+    def _chunk_size(self, num_uncomputed: int, budget: int) -> int:
+        if num_uncomputed <= budget:
+            return num_uncomputed
+        # Without chunking, a prefill waits until it fits whole, unless it could never fit (a preempted
+        # sequence whose generated tokens grew it past the budget): that one is split anyway.
+        if self.config.enable_chunked_prefill or num_uncomputed > self.config.max_num_batched_tokens:
+            return budget
+        return 0
+
+    def _chunk(self, seq: Sequence, num_tokens: int, now: float) -> ScheduledChunk:
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
+        start = seq.num_computed_tokens
+        samples = start + num_tokens == seq.num_tokens and seq.sampling_params.max_tokens != 0
+        return ScheduledChunk(seq, start, num_tokens, samples, tuple(seq.block_table))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
+        params = seq.sampling_params
+        if (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
+            return "stop"
+        if params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_seq_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = self.clock()
+        del self._requests[seq.request_id]

@@ -1,0 +1,376 @@
+"""The continuous-batching scheduler, driven by a fake model that really uses the paged block tables.
+
+The fake model writes every scheduled token id into a paged "KV cache" through the chunk's block table, then
+makes each sampled token a function of the whole context it reads back through that block table. So a wrong
+block table, a reused block, a stale prefix hit or a lost token changes the output, and each request's output
+must equal what the same function gives on its own prompt, however requests were batched, chunked, cached,
+preempted or recomputed.
+"""
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from ridgeline.engine.sequence import Sequence, SequenceStatus
+from ridgeline.errors import ContextLengthError, RidgelineError
+
+EOS = 1
+MAX_MODEL_LEN = 4096
+
+
+def next_token(context: list[int]) -> int:
+    """The fake forward pass: any deterministic function of the whole context; never EOS."""
+    return 2 + sum((i + 1) * t for i, t in enumerate(context)) % 97
+
+
+def expected_output(prompt: list[int], num_tokens: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(num_tokens):
+        tokens.append(next_token(tokens))
+    return tokens[len(prompt) :]
+
+
+class PagedFakeModel:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.kv: list[int | None] = [None] * (num_blocks * block_size)
+
+    def _slot(self, block_table: tuple[int, ...], pos: int) -> int:
+        return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def forward(self, output: SchedulerOutput) -> list[int]:
+        for chunk in output.chunks:  # every token's KV is written before anything attends, as in the runner
+            for pos, token_id in enumerate(chunk.token_ids, start=chunk.start):
+                self.kv[self._slot(chunk.block_table, pos)] = token_id
+        return [
+            next_token([self.kv[self._slot(c.block_table, pos)] for pos in range(c.start + c.num_tokens)])
+            for c in output.sampling_chunks
+        ]
+
+
+def make_scheduler(num_blocks: int = 256, max_model_len: int = MAX_MODEL_LEN, **config) -> Scheduler:
+    ticks = itertools.count()
+    return Scheduler(SchedulerConfig(**config), num_blocks, max_model_len, eos_token_ids=[EOS], clock=lambda: float(next(ticks)))
+
+
+def make_seq(request_id: str, prompt: list[int], max_tokens: int | None = 8, **params) -> Sequence:
+    return Sequence(request_id, prompt, SamplingParams(max_tokens=max_tokens, **params), arrival_time=0.0)
+
+
+def step(scheduler: Scheduler, model: PagedFakeModel) -> tuple[SchedulerOutput, list[Sequence]]:
+    """One engine step, checking what must hold for every step."""
+    config = scheduler.config
+    decoding = {seq for seq in scheduler.running if seq.num_uncomputed_tokens == 1}
+    output = scheduler.schedule()
+    assert output.num_batched_tokens <= config.max_num_batched_tokens
+    assert len(scheduler.running) <= config.max_num_seqs
+    kinds = [chunk.seq in decoding for chunk in output.chunks]
+    assert kinds == sorted(kinds, reverse=True), "decodes come before prefill chunks"
+    if len(decoding) <= config.max_num_batched_tokens:
+        scheduled = {chunk.seq for chunk in output.chunks}
+        assert all(seq in scheduled or seq in output.preempted for seq in decoding), "no running decode is skipped"
+    for chunk in output.chunks:
+        assert chunk.start == chunk.seq.num_computed_tokens and chunk.num_tokens > 0
+        assert chunk.samples == (chunk.start + chunk.num_tokens == chunk.seq.num_tokens)
+        if not config.enable_chunked_prefill and chunk.seq.num_uncomputed_tokens <= config.max_num_batched_tokens:
+            assert chunk.samples, "without chunked prefill a prompt is scheduled whole"
+    return output, scheduler.update(output, model.forward(output))
+
+
+def run_to_completion(scheduler: Scheduler, arrivals: dict[int, list[Sequence]], max_steps: int = 5000) -> list[Sequence]:
+    """Add arrivals[k] before step k; step until everything finished; return every request."""
+    model = PagedFakeModel(scheduler.block_manager.num_blocks, scheduler.config.block_size)
+    everyone = []
+    for step_index in range(max_steps):
+        for seq in arrivals.get(step_index, []):
+            scheduler.add_request(seq)
+            everyone.append(seq)
+        if not scheduler.has_unfinished() and step_index >= max(arrivals):
+            return everyone
+        step(scheduler, model)
+    raise AssertionError("requests did not finish")
+
+
+def assert_all_correct(scheduler: Scheduler, seqs: list[Sequence]) -> None:
+    for seq in seqs:
+        assert seq.status is SequenceStatus.FINISHED and seq.finish_reason == "length"
+        room = scheduler.max_seq_len - seq.num_prompt_tokens
+        assert seq.output_token_ids == expected_output(seq.prompt_token_ids, min(seq.sampling_params.max_tokens, room))
+        assert seq.block_table == []
+    assert scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks, "a block leaked"
+
+
+def mixed_workload() -> dict[int, list[Sequence]]:
+    """Requests of many lengths, some sharing long prefixes, some arriving while others decode."""
+    shared = [(7 * i) % 50 + 3 for i in range(40)]
+    prompts = [shared + [5, 6], list(range(3, 70)), [9], shared + [8] * 30, shared[:17], list(range(100, 230)), shared + [5, 6], [4, 4]]
+    seqs = [make_seq(f"r{i}", prompt, max_tokens=3 + 5 * (i % 4)) for i, prompt in enumerate(prompts)]
+    return {0: seqs[:3], 2: seqs[3:5], 5: seqs[5:7], 9: seqs[7:]}
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        dict(),
+        dict(max_num_batched_tokens=16),  # long prompts are chunked, several steps each
+        dict(max_num_batched_tokens=160, enable_chunked_prefill=False),
+        dict(enable_prefix_caching=False),
+        dict(max_num_seqs=2),
+        dict(block_size=4, max_num_batched_tokens=24),
+        # Far fewer blocks than the requests need together: preemption and recomputation.
+        dict(num_blocks=38, block_size=4),
+        dict(num_blocks=45, block_size=4, max_num_batched_tokens=16),
+    ],
+    ids=["default", "chunked-16", "no-chunking", "no-prefix-cache", "two-seqs", "block-4", "tiny-pool", "tiny-pool-chunked"],
+)
+def test_every_request_completes_with_the_tokens_it_would_get_alone(setup: dict) -> None:
+    scheduler = make_scheduler(**setup)
+    seqs = run_to_completion(scheduler, mixed_workload())
+    assert_all_correct(scheduler, seqs)
+    if "num_blocks" in setup:
+        assert scheduler.num_preemptions > 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompts=st.lists(st.lists(st.integers(2, 9), min_size=1, max_size=60), min_size=1, max_size=8),
+    max_tokens=st.lists(st.integers(1, 12), min_size=8, max_size=8),
+    arrival_steps=st.lists(st.integers(0, 6), min_size=8, max_size=8),
+    budget=st.integers(4, 64),
+    num_blocks=st.integers(6, 40),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    max_num_seqs=st.integers(1, 8),
+    prefix_caching=st.booleans(),
+    chunked_prefill=st.booleans(),
+)
+def test_random_workloads_complete_correctly_without_leaking_blocks(
+    prompts, max_tokens, arrival_steps, budget, num_blocks, block_size, max_num_seqs, prefix_caching, chunked_prefill
+) -> None:
+    # Prompts drawn from few distinct ids often share prefixes, so hits and shared blocks are common.
+    scheduler = make_scheduler(
+        num_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        enable_prefix_caching=prefix_caching,
+        enable_chunked_prefill=chunked_prefill,
+    )
+    longest = scheduler.max_seq_len - 1 if chunked_prefill else min(scheduler.max_seq_len - 1, budget)
+    fitting = [p for p in prompts if len(p) <= longest]
+    arrivals: dict[int, list[Sequence]] = {0: []}
+    for i, prompt in enumerate(fitting):
+        arrivals.setdefault(arrival_steps[i], []).append(make_seq(f"r{i}", prompt, max_tokens[i]))
+    assert_all_correct(scheduler, run_to_completion(scheduler, arrivals))
+
+
+def test_decodes_first_then_a_prefill_chunk_fills_the_rest_of_the_budget() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=32)
+    model = PagedFakeModel(256, 16)
+    for i in range(3):
+        scheduler.add_request(make_seq(f"d{i}", [2, 3, 4], max_tokens=20))
+    step(scheduler, model)  # the three short prompts are prefilled together
+    scheduler.add_request(make_seq("long", list(range(100))))
+    output, _ = step(scheduler, model)
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in output.chunks] == [
+        ("d0", 3, 1), ("d1", 3, 1), ("d2", 3, 1), ("long", 0, 29)
+    ]
+
+
+def test_long_prompt_is_chunked_and_only_its_last_chunk_samples() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=32)
+    model = PagedFakeModel(256, 16)
+    seq = make_seq("long", list(range(100)), max_tokens=2)
+    scheduler.add_request(seq)
+    chunks = [step(scheduler, model)[0].chunks for _ in range(5)]
+    assert [(c.start, c.num_tokens, c.samples) for (c,) in chunks] == [
+        (0, 32, False), (32, 32, False), (64, 32, False), (96, 4, True), (100, 1, True)
+    ]
+    assert seq.output_token_ids == expected_output(seq.prompt_token_ids, 2)
+
+
+def test_without_chunking_a_prompt_waits_until_it_fits_whole() -> None:
+    scheduler = make_scheduler(max_num_batched_tokens=32, enable_chunked_prefill=False)
+    model = PagedFakeModel(256, 16)
+    scheduler.add_request(make_seq("a", [2, 3], max_tokens=3))
+    scheduler.add_request(make_seq("b", [2, 4], max_tokens=3))
+    step(scheduler, model)
+    scheduler.add_request(make_seq("big", list(range(31)), max_tokens=1))
+    output, _ = step(scheduler, model)  # two decodes leave 30 tokens: 31 do not fit, so it waits
+    assert [c.seq.request_id for c in output.chunks] == ["a", "b"]
+    while all(c.seq.request_id != "big" for c in output.chunks):
+        output, _ = step(scheduler, model)
+    (chunk,) = [c for c in output.chunks if c.seq.request_id == "big"]
+    assert (chunk.start, chunk.num_tokens) == (0, 31)
+    with pytest.raises(RidgelineError, match="max_num_batched_tokens"):
+        scheduler.add_request(make_seq("too-big", list(range(33))))
+
+
+def test_preemption_takes_the_most_recently_admitted_and_requeues_it_first() -> None:
+    # 4 blocks of 4 tokens; two requests of 6 prompt tokens each hold 2 blocks; decoding soon needs a third.
+    scheduler = make_scheduler(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    model = PagedFakeModel(4, 4)
+    first, second, third = (make_seq(n, [2, 3, 4, 5, 6, 7], max_tokens=6) for n in ("first", "second", "third"))
+    for seq in (first, second, third):
+        scheduler.add_request(seq)
+    output, _ = step(scheduler, model)
+    assert [c.seq for c in output.chunks] == [first, second]  # third waits: no blocks left
+    while not output.preempted:
+        output, _ = step(scheduler, model)
+    assert output.preempted == [second]
+    assert second.status is SequenceStatus.PREEMPTED and second.block_table == [] and second.num_computed_tokens == 0
+    assert list(scheduler.waiting) == [second, third]
+    assert scheduler.num_preemptions == 1
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    assert_all_correct(scheduler, [first, second, third])
+
+
+def test_abort_frees_blocks_at_once_whether_waiting_prefilling_or_decoding() -> None:
+    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=40)
+    model = PagedFakeModel(64, 16)
+    decoding = make_seq("decoding", list(range(20)), max_tokens=50)
+    prefilling = make_seq("prefilling", list(range(100, 200)))
+    waiting = make_seq("waiting", list(range(30)))
+    for seq in (decoding, prefilling):
+        scheduler.add_request(seq)
+    step(scheduler, model)
+    scheduler.add_request(waiting)
+    output, _ = step(scheduler, model)
+    assert 0 < prefilling.num_computed_tokens < prefilling.num_tokens and decoding.output_token_ids
+    free_before = scheduler.block_manager.num_free_blocks
+    scheduler.abort("prefilling")
+    assert scheduler.block_manager.num_free_blocks == free_before + len(output.chunks[1].block_table)
+    output = scheduler.schedule()
+    # Aborted between schedule() and update(): its blocks are free at once and update() skips it.
+    scheduler.abort("decoding")
+    scheduler.abort("waiting")
+    scheduler.update(output, model.forward(output))
+    for seq in (decoding, prefilling, waiting):
+        assert seq.finish_reason == "abort" and seq.block_table == []
+    assert not scheduler.has_unfinished()
+    assert scheduler.block_manager.num_free_blocks == 64
+    assert scheduler.abort("decoding") is None  # aborting twice is harmless
+
+
+def test_prefix_hit_skips_the_cached_tokens() -> None:
+    scheduler = make_scheduler(block_size=16)
+    model = PagedFakeModel(256, 16)
+    system_prompt = list(range(2, 50))  # three full blocks
+    first = make_seq("first", system_prompt + [60, 61])
+    scheduler.add_request(first)
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    second = make_seq("second", system_prompt + [70, 71, 72])
+    scheduler.add_request(second)
+    output, _ = step(scheduler, model)
+    (chunk,) = output.chunks
+    assert (chunk.start, chunk.num_tokens) == (48, 3)
+    assert second.num_cached_tokens == 48
+    stats = scheduler.block_manager.prefix_cache
+    assert (stats.num_query_tokens, stats.num_hit_tokens) == (50 + 51, 48)
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    assert_all_correct(scheduler, [first, second])
+
+
+def test_preempted_request_is_recomputed_with_prefix_hits_on_its_own_blocks() -> None:
+    scheduler = make_scheduler(num_blocks=6, block_size=4)
+    model = PagedFakeModel(6, 4)
+    old, new = make_seq("old", list(range(2, 12)), max_tokens=8), make_seq("new", list(range(20, 30)), max_tokens=8)
+    for seq in (old, new):
+        scheduler.add_request(seq)
+    output, _ = step(scheduler, model)
+    while not output.preempted:
+        output, _ = step(scheduler, model)
+    assert output.preempted == [new]
+    num_tokens_when_preempted = new.num_tokens
+    while new.status is not SequenceStatus.RUNNING:
+        output, _ = step(scheduler, model)
+    (chunk,) = [c for c in output.chunks if c.seq is new]
+    assert chunk.start > 0 and chunk.start + chunk.num_tokens == num_tokens_when_preempted
+    assert new.num_cached_tokens == 0  # the figure reported to the user is its first admission's
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    assert_all_correct(scheduler, [old, new])
+
+
+def test_fork_shares_the_prompt_and_computes_only_the_unshared_tail() -> None:
+    scheduler = make_scheduler(block_size=4, enable_prefix_caching=False)
+    model = PagedFakeModel(256, 4)
+    parent = make_seq("parent", list(range(2, 12)), max_tokens=4)
+    scheduler.add_request(parent)
+    step(scheduler, model)
+    child = make_seq("child", list(range(2, 12)), max_tokens=4)
+    scheduler.fork("parent", child)
+    assert child.block_table == parent.block_table[:2] and child.num_computed_tokens == 8
+    assert [scheduler.block_manager.ref_counts[b] for b in parent.block_table] == [2, 2, 1]
+    output, _ = step(scheduler, model)
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in output.chunks] == [("parent", 10, 1), ("child", 8, 2)]
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    assert_all_correct(scheduler, [parent, child])
+
+
+def test_token_based_stop_conditions() -> None:
+    scheduler = make_scheduler(max_model_len=20)
+    eos = make_seq("eos", [3], max_tokens=None)
+    ignores = make_seq("ignores", [3], max_tokens=3, ignore_eos=True)
+    stop_id = make_seq("stop-id", [3], max_tokens=None, stop_token_ids=[EOS + 1])
+    score_only = make_seq("score-only", [3, 4, 5], max_tokens=0)
+    to_the_limit = make_seq("to-the-limit", [7] * 15, max_tokens=None)
+    for seq in (eos, ignores, stop_id, score_only, to_the_limit):
+        scheduler.add_request(seq)
+    output = scheduler.schedule()
+    assert [c.samples for c in output.chunks] == [True, True, True, False, True]
+    scheduler.update(output, [EOS, EOS, EOS + 1, 9])
+    assert (eos.finish_reason, eos.output_token_ids) == ("stop", [EOS])
+    assert ignores.finish_reason is None
+    assert (stop_id.finish_reason, stop_id.output_token_ids) == ("stop", [EOS + 1])
+    assert (score_only.finish_reason, score_only.output_token_ids) == ("length", [])
+    while scheduler.has_unfinished():
+        output = scheduler.schedule()
+        scheduler.update(output, [9] * len(output.sampling_chunks))
+    assert (ignores.finish_reason, ignores.output_token_ids) == ("length", [EOS, 9, 9])
+    assert to_the_limit.finish_reason == "length" and to_the_limit.num_tokens == 20  # never past the context
+
+
+def test_finish_request_ends_a_request_found_by_the_detokenizer() -> None:
+    scheduler = make_scheduler()
+    model = PagedFakeModel(256, 16)
+    seq = make_seq("a", [2, 3, 4], max_tokens=10)
+    scheduler.add_request(seq)
+    for _ in range(3):
+        step(scheduler, model)
+    finished = scheduler.finish_request("a", "stop")
+    assert finished is seq and seq.finish_reason == "stop" and seq.block_table == []
+    assert len(seq.output_token_ids) == 3 and not scheduler.has_unfinished()
+
+
+def test_timestamps_follow_the_request_through_its_life() -> None:
+    scheduler = make_scheduler()
+    seq = make_seq("a", [2, 3, 4], max_tokens=3)
+    run_to_completion(scheduler, {0: [seq]})
+    assert seq.arrival_time <= seq.first_scheduled_time < seq.first_token_time <= seq.finish_time
+    assert len(seq.token_times) == 3 and seq.token_times[0] == seq.first_token_time
+    assert seq.token_times == sorted(seq.token_times)
+
+
+def test_requests_that_cannot_fit_are_refused_up_front() -> None:
+    scheduler = make_scheduler(num_blocks=8, block_size=4, max_model_len=100)
+    with pytest.raises(ContextLengthError):
+        scheduler.add_request(make_seq("longer-than-the-pool", list(range(32))))
+    scheduler = make_scheduler(max_model_len=10)
+    with pytest.raises(ContextLengthError):
+        scheduler.add_request(make_seq("longer-than-the-context", list(range(10))))
+    scheduler.add_request(make_seq("a", [2]))
+    with pytest.raises(RidgelineError, match="already in use"):
+        scheduler.add_request(make_seq("a", [3]))
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(RidgelineError, match="max_num_batched_tokens"):
+        SchedulerConfig(max_num_batched_tokens=0)
