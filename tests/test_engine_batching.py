@@ -1,0 +1,69 @@
+"""Continuous batching changes nothing about what a request gets: greedy outputs of 32 mixed-length prompts
+(some longer than the 512-token sliding window) are identical run alone, run as one batch, run with chunked
+prefill under a 64-token budget, run again with every full prompt block a prefix-cache hit, and run under a KV
+budget so small that requests get preempted and recomputed."""
+
+import pytest
+from reference_helpers import find_reference_dir
+
+from ridgeline.engine.kv_cache import KVCacheConfig
+from ridgeline.engine.llm import LLM
+from ridgeline.engine.llm_engine import EngineConfig
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.scheduler import SchedulerConfig
+
+pytestmark = pytest.mark.slow
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+BLOCK_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    from ridgeline.model.checkpoint import read_checkpoint
+
+    text = (find_reference_dir() / "gpl-3.0.txt").read_text()
+    ids = read_checkpoint().load_tokenizer().encode(text, add_bos=False)
+    lengths = [7 + 13 * i for i in range(28)] + [530, 600, 650, 700]  # four beyond the sliding window
+    return [[2] + ids[97 * i: 97 * i + n] for i, n in enumerate(lengths)]
+
+
+def run_batch(llm: LLM, prompts) -> list[list[int]]:
+    return [out.output_token_ids for out in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def alone(prompts) -> list[list[int]]:
+    llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(enable_prefix_caching=False)))
+    return [run_batch(llm, [prompt])[0] for prompt in prompts]
+
+
+def test_one_batch_equals_alone(prompts, alone):
+    llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(enable_prefix_caching=False)))
+    assert run_batch(llm, prompts) == alone
+
+
+def test_chunked_prefill_under_small_budget_equals_alone(prompts, alone):
+    llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=64, enable_prefix_caching=False)))
+    assert run_batch(llm, prompts) == alone
+
+
+def test_prefix_cache_second_pass_all_hits_equals_alone(prompts, alone):
+    llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=256)))
+    assert run_batch(llm, prompts) == alone
+    second = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [out.output_token_ids for out in second] == alone
+    for prompt, out in zip(prompts, second):
+        # every full block of the prompt is a hit, except that the last prompt token is always computed
+        assert out.num_cached_tokens == (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+
+
+def test_preemption_under_tiny_kv_budget_equals_alone(prompts, alone):
+    # 56 blocks of the default model's bf16 KV (18,432 bytes a token): ~900 tokens for 32 prompts of ~3,700
+    kv_bytes = 56 * BLOCK_TOKENS * 18_432
+    llm = LLM(config=EngineConfig(kv_cache=KVCacheConfig(memory_bytes=kv_bytes),
+                                  scheduler=SchedulerConfig(enable_prefix_caching=False)))
+    assert llm.engine.num_blocks == 56
+    assert run_batch(llm, prompts) == alone
+    assert llm.engine.stats().num_preemptions > 0
+    assert llm.engine.stats().num_free_blocks == llm.engine.num_blocks
