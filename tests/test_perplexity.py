@@ -1,0 +1,22 @@
+"""`ridgeline perplexity` on the GPL text reproduces llama.cpp's figure for the default model within 2 %."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from reference_helpers import find_reference_dir
+
+pytestmark = pytest.mark.slow
+
+LLAMA_CPP_PPL = 13.9062  # llama-perplexity -c 512 -b 512, recorded in shared/reference/README.md
+
+
+def test_perplexity_matches_llamacpp():
+    ridgeline = Path(sys.executable).parent / "ridgeline"
+    result = subprocess.run([str(ridgeline), "perplexity", str(find_reference_dir() / "gpl-3.0.txt"), "--ctx", "512"],
+                            capture_output=True, text=True, timeout=900, check=True)
+    assert "14 windows of 512 tokens" in result.stdout
+    ppl = float(re.search(r"PPL = ([0-9.]+)", result.stdout).group(1))
+    assert abs(ppl - LLAMA_CPP_PPL) / LLAMA_CPP_PPL < 0.02
