@@ -50,3 +50,14 @@ class KVCache:
     @property
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+
+def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_blocks: int, seq_len: int = 2048) -> str:
+    """The start-up line: how many tokens, and how many sequences of `seq_len` tokens, the pool holds."""
+    per_token = bytes_per_token(model, cache)
+    tokens = num_blocks * cache.block_size
+    per_seq_blocks = -(-seq_len // cache.block_size)
+    return (f"KV cache: {num_blocks:,} blocks x {cache.block_size} tokens = {tokens:,} tokens "
+            f"({per_token:,} B/token in {cache.dtype}: 2 x {model.num_kv_heads} kv_heads x {model.head_dim} head_dim "
+            f"x {model.num_layers} layers x {cache.torch_dtype.itemsize} B), "
+            f"{num_blocks // per_seq_blocks:,} sequences of {seq_len:,} tokens")

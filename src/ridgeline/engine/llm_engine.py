@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, blocks_for_budget
+from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, blocks_for_budget, describe_capacity
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.engine.outputs import EngineStats, RequestOutput, RequestTimings
 from ridgeline.engine.sampler import Sampler, TokenLogprobs, prompt_logprobs
@@ -66,6 +66,7 @@ class LLMEngine:
         cache_config = KVCacheConfig(config.scheduler.block_size, config.kv_cache.dtype, config.kv_cache.memory_bytes)
         self.num_blocks = blocks_for_budget(self.model_config, cache_config)
         self.runner = ModelRunner(model, KVCache(self.model_config, cache_config, self.num_blocks, model.options.device))
+        self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_blocks)
         self.scheduler = Scheduler(config.scheduler, self.num_blocks, self.model_config.max_context,
                                    self.tokenizer.eos_ids)
         self.sampler = Sampler(config.seed)
