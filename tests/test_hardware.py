@@ -1,0 +1,132 @@
+"""The hardware catalogue is sourced data; this-machine is measured once, cached, and measured honestly."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ridgeline.cli import _register_commands
+from ridgeline.cli.app import app
+from ridgeline.perf import hardware, measure
+from ridgeline.perf.hardware import THIS_MACHINE, catalogue, catalogue_version, get_hardware, observations
+
+REQUIRED_MACHINES = {
+    "apple-m1-max", "apple-m1-ultra", "apple-m2-max", "apple-m2-ultra", "apple-m4-max", "apple-m4-mini-16gb",
+    "apple-m4-pro-48gb", "nvidia-h100-sxm", "nvidia-h200", "nvidia-dgx-spark", "nvidia-rtx-4090", "amd-strix-halo",
+}
+
+
+def test_catalogue_is_versioned_and_lists_every_machine_the_documents_discuss():
+    assert isinstance(catalogue_version(), int)
+    assert REQUIRED_MACHINES <= set(catalogue())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_MACHINES))
+def test_every_figure_has_a_public_source(name):
+    machine = catalogue()[name]
+    assert machine.bandwidth > 1e10 and machine.memory_bytes > 1e9
+    assert machine.default_precision in machine.dense_flops
+    assert all(flops > 1e12 for flops in machine.dense_flops.values())
+    for figure in ("bandwidth", "memory", "flops"):
+        assert len(machine.sources.get(figure, "")) > 10, f"{name}: no source for {figure}"
+
+
+def test_document_figures_are_the_catalogued_ones():
+    machines = catalogue()
+    assert machines["apple-m1-max"].bandwidth == machines["apple-m2-max"].bandwidth == 400e9
+    assert machines["apple-m1-ultra"].bandwidth == machines["apple-m2-ultra"].bandwidth == 800e9
+    assert machines["nvidia-h100-sxm"].bandwidth == 3.35e12
+    spark = machines["nvidia-dgx-spark"]
+    assert (spark.bandwidth, spark.memory_bytes, spark.flops("fp4")) == (273e9, 128e9, 1e15 / 2)  # 1 PFLOP sparse
+    assert machines["apple-m4-mini-16gb"].memory_bytes == 16e9 and machines["apple-m4-pro-48gb"].memory_bytes == 48e9
+    assert all(o.machine in machines and o.source for o in observations())
+
+
+@pytest.fixture
+def fake_measurements(monkeypatch, tmp_path):
+    """Point the cache at a temporary directory and count calls to (instant) fake measurements."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def bandwidth(threads=None):
+        calls.append(("bandwidth", threads))
+        return 30e9
+
+    def flops(dtype, threads=None):
+        calls.append((str(dtype), threads))
+        return {torch.bfloat16: 400e9, torch.float32: 200e9}[dtype]
+
+    monkeypatch.setattr(measure, "measure_read_bandwidth", bandwidth)
+    monkeypatch.setattr(measure, "measure_matmul_flops", flops)
+    return calls
+
+
+def test_this_machine_is_measured_once_then_read_from_the_cache(fake_measurements, tmp_path):
+    first = get_hardware(THIS_MACHINE)
+    assert len(fake_measurements) == 3
+    assert (first.bandwidth, first.flops("bf16"), first.flops("fp32")) == (30e9, 400e9, 200e9)
+    assert first.default_precision == "bf16"  # the faster one is what an engine would use
+    assert first.ridge_point() == pytest.approx(400e9 / 30e9)
+    cached = json.loads((tmp_path / "ridgeline" / "this-machine.json").read_text())
+    assert cached["hardware"]["bandwidth"] == 30e9
+
+    assert get_hardware(THIS_MACHINE) == first
+    assert len(fake_measurements) == 3  # no new measurement
+    get_hardware(THIS_MACHINE, remeasure=True)
+    assert len(fake_measurements) == 6
+
+
+def test_a_different_thread_count_is_measured_afresh(fake_measurements):
+    hardware.this_machine(threads=1)
+    hardware.this_machine(threads=2)
+    assert {threads for _, threads in fake_measurements} == {1, 2}
+
+
+def test_matmul_flops_counts_2n_cubed_per_product_and_restores_threads(monkeypatch):
+    threads_before = torch.get_num_threads()
+    seen_threads = []
+
+    def one_second(kernel, device, seconds):
+        kernel()
+        seen_threads.append(torch.get_num_threads())
+        return 1.0
+
+    monkeypatch.setattr(measure, "best_seconds", one_second)
+    assert measure.measure_matmul_flops(torch.float32, threads=1, size=64) == 2 * 64**3
+    assert measure.measure_read_bandwidth(threads=1, nbytes=2**20) == 2**20
+    assert seen_threads == [1, 1]
+    assert torch.get_num_threads() == threads_before
+
+
+def test_real_measurements_on_small_sizes_are_finite_and_plausible():
+    bandwidth = measure.measure_read_bandwidth(nbytes=16 * 2**20, seconds=0.05)
+    flops = measure.measure_matmul_flops(torch.float32, size=128, seconds=0.05)
+    assert math.isfinite(bandwidth) and 1e8 < bandwidth < 1e13
+    assert math.isfinite(flops) and 1e8 < flops < 1e16
+
+
+def test_roofline_cli_reports_json_and_draws_the_chart(tmp_path):
+    _register_commands()
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps([{"label": "tg", "phase": "decode", "batch": 1, "context": 4096, "tokens_per_s": 40.0}]))
+    chart = tmp_path / "roofline.png"
+    args = ["roofline", "--model", "llama-3.1-8b", "--weights", "Q4_K_M", "--hardware", "apple-m4-max",
+            "--batch", "8", "--context", "4096", "--json", "--plot", str(chart), "--measured", str(measured)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["hardware"] == "apple-m4-max" and report["decode"]["batch"] == 8
+    assert report["kv"]["bytes_per_token"] == 131_072 and report["kv"]["gqa_reduction"] == 4
+    assert report["measured"][0]["fraction_of_ceiling"] == pytest.approx(40.0 / report["decode"]["ceiling_tokens_per_s"])
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_roofline_cli_rejects_bad_measured_files(tmp_path):
+    _register_commands()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"phase": "warmup", "tokens_per_s": 1}]))
+    result = CliRunner().invoke(app, ["roofline", "--model", "llama-2-7b", "--hardware", "apple-m1-max", "--measured", str(bad)])
+    assert result.exit_code != 0
+    assert "phase 'prefill' or 'decode'" in str(result.exception)
