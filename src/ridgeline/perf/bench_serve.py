@@ -1,0 +1,235 @@
+"""Load generator for any OpenAI-compatible server: streamed requests at fixed concurrency or Poisson arrivals.
+
+Bounded twice: by the number of prompts and by a wall-clock limit per load level (requests still running
+at the limit are cancelled and counted as failed). Token counts come from the server's usage chunk
+(`stream_options.include_usage`), falling back to one token per streamed chunk.
+"""
+
+import asyncio
+import ipaddress
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from ridgeline.errors import RidgelineError
+from ridgeline.perf.serve_metrics import RequestResult, Slo, summarise
+
+# Common English words: a prompt of N of them is roughly N tokens for most tokenizers.
+FILLER_WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven wise owls watch from old oak trees near "
+    "quiet rivers under bright morning light and distant hills"
+).split()
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    concurrency: int | None = None  # at most this many requests in flight
+    request_rate: float | None = None  # Poisson arrivals per second (None: send as fast as concurrency allows)
+
+    @property
+    def label(self) -> str:
+        if self.request_rate is not None:
+            return f"rate {self.request_rate:g}/s" + (f", max {self.concurrency} in flight" if self.concurrency else "")
+        return f"concurrency {self.concurrency}"
+
+
+@dataclass(frozen=True)
+class BenchServeConfig:
+    base_url: str
+    model: str | None = None  # None: the first model the server lists
+    endpoint: str = "completions"  # or "chat"
+    num_prompts: int = 32
+    input_len: int = 128
+    output_len: int = 64
+    dataset: Path | None = None  # JSONL with "prompt" (and optional "max_tokens") per line
+    max_seconds: float = 300.0  # per load level
+    ignore_eos: bool = True  # ask for exactly output_len tokens (a vLLM/llama.cpp/ridgeline extra)
+    slo: Slo = Slo()
+    allow_remote: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    max_tokens: int
+
+
+def check_target(base_url: str, allow_remote: bool) -> None:
+    """Refuse to load anything but this machine unless the user says otherwise."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RidgelineError(f"--base-url must look like http://127.0.0.1:8000, got {base_url!r}")
+    if allow_remote:
+        return
+    host = parts.hostname
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise RidgelineError(f"{host} is not a loopback address: pass --allow-remote to load a remote server")
+
+
+def make_prompts(config: BenchServeConfig) -> list[Prompt]:
+    if config.dataset is None:
+        rng = random.Random(config.seed)
+        return [
+            Prompt(" ".join(rng.choice(FILLER_WORDS) for _ in range(config.input_len)), config.output_len)
+            for _ in range(config.num_prompts)
+        ]
+    try:
+        lines = [line for line in Path(config.dataset).read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in lines]
+    except (OSError, json.JSONDecodeError) as error:
+        raise RidgelineError(f"cannot read dataset {config.dataset}: {error}") from None
+    if not rows or not all(isinstance(row, dict) and isinstance(row.get("prompt"), str) for row in rows):
+        raise RidgelineError(f"dataset {config.dataset} needs one JSON object with a string 'prompt' per line")
+    return [Prompt(row["prompt"], int(row.get("max_tokens", config.output_len))) for row in rows[: config.num_prompts]]
+
+
+def request_body(config: BenchServeConfig, model: str, prompt: Prompt) -> dict:
+    body = {
+        "model": model,
+        "max_tokens": prompt.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    if config.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+    else:
+        body["prompt"] = prompt.text
+    return body
+
+
+def chunk_text(chunk: dict, endpoint: str) -> str:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    if endpoint == "chat":
+        return (choices[0].get("delta") or {}).get("content") or ""
+    return choices[0].get("text") or ""
+
+
+async def send_request(client: httpx.AsyncClient, config: BenchServeConfig, model: str, prompt: Prompt) -> RequestResult:
+    """One streamed request, timing every content chunk from the moment it is sent."""
+    result = RequestResult(prompt=prompt.text)
+    path = "/v1/chat/completions" if config.endpoint == "chat" else "/v1/completions"
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", path, json=request_body(config, model, prompt)) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                result.error = f"HTTP {response.status_code}: {body[:200]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                text = chunk_text(chunk, config.endpoint)
+                if text:
+                    now = time.perf_counter() - start
+                    if not result.chunk_times_s:
+                        result.ttft_s = now
+                    result.chunk_times_s.append(now)
+                    result.chunks += 1
+                    result.text += text
+                if chunk.get("usage"):
+                    result.usage_prompt_tokens = chunk["usage"].get("prompt_tokens")
+                    result.usage_completion_tokens = chunk["usage"].get("completion_tokens")
+    except (httpx.HTTPError, json.JSONDecodeError) as error:
+        result.error = f"{type(error).__name__}: {error}"
+        return result
+    result.e2e_s = time.perf_counter() - start
+    result.ok = bool(result.chunk_times_s)
+    if not result.ok:
+        result.error = "the stream ended without any content"
+    return result
+
+
+async def first_model(client: httpx.AsyncClient) -> str:
+    try:
+        response = await client.get("/v1/models")
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+        raise RidgelineError(f"could not list the server's models (pass --model): {error}") from None
+
+
+async def run_level(
+    config: BenchServeConfig, level: LoadLevel, on_done: Callable[[RequestResult], None] = lambda result: None
+) -> dict:
+    """Send every prompt at this load level; return the level's summary (see serve_metrics.summarise)."""
+    prompts = make_prompts(config)
+    in_flight = asyncio.Semaphore(level.concurrency or len(prompts))
+    arrivals = random.Random(config.seed)
+    results: list[RequestResult] = []
+    limits = httpx.Limits(max_connections=level.concurrency or len(prompts))
+    async with httpx.AsyncClient(base_url=config.base_url, timeout=config.max_seconds, limits=limits, trust_env=False) as client:
+        model = config.model or await first_model(client)
+
+        async def one(prompt: Prompt, delay_s: float) -> None:
+            await asyncio.sleep(delay_s)
+            async with in_flight:
+                result = await send_request(client, config, model, prompt)
+            results.append(result)
+            on_done(result)
+
+        delays, clock = [], 0.0
+        for _ in prompts:
+            delays.append(clock)
+            if level.request_rate:
+                clock += arrivals.expovariate(level.request_rate)
+        start = time.perf_counter()
+        tasks = [asyncio.create_task(one(p, d)) for p, d in zip(prompts, delays)]
+        _, pending = await asyncio.wait(tasks, timeout=config.max_seconds)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        duration = time.perf_counter() - start
+        results += [RequestResult(prompt="", error="cancelled at the time limit") for _ in pending]
+    summary = summarise(results, duration, config.slo)
+    return {"load": {"concurrency": level.concurrency, "request_rate": level.request_rate}, "model": model} | summary
+
+
+def roofline_points(levels: list[dict], config: BenchServeConfig) -> list[dict]:
+    """Fixed-concurrency levels as decode points for `ridgeline roofline --measured` (a lower bound:
+    the served output rate also pays for prefill and scheduling)."""
+    points = []
+    for level in levels:
+        concurrency = level["load"]["concurrency"]
+        if level["load"]["request_rate"] is None and concurrency and level["completed"]:
+            points.append(
+                {
+                    "label": f"serve c={concurrency}",
+                    "phase": "decode",
+                    "batch": concurrency,
+                    "context": config.input_len + config.output_len // 2,
+                    "tokens_per_s": level["output_tokens_per_s"],
+                }
+            )
+    return points
+
+
+def bench_serve(
+    config: BenchServeConfig, levels: list[LoadLevel], on_done: Callable[[RequestResult], None] = lambda result: None
+) -> dict:
+    """Run each load level in turn; the result is what `bench serve --json` prints."""
+    check_target(config.base_url, config.allow_remote)
+    if config.endpoint not in ("completions", "chat"):
+        raise RidgelineError(f"--endpoint must be completions or chat, got {config.endpoint!r}")
+    results = [asyncio.run(run_level(config, level, on_done)) for level in levels]
+    settings = asdict(config) | {"dataset": str(config.dataset) if config.dataset else None}
+    return {"config": settings, "levels": results, "roofline_points": roofline_points(results, config)}
