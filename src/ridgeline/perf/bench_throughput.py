@@ -89,13 +89,16 @@ class ThroughputReport:
 Progress = Callable[[str, int], None]  # (what is running, tokens generated since the last call)
 
 
-def run_throughput(config: ThroughputConfig, progress: Progress = lambda _text, _tokens: None) -> ThroughputReport:
+def run_throughput(config: ThroughputConfig, progress: Progress = lambda _text, _tokens: None,
+                   engine: LLMEngine | None = None) -> ThroughputReport:
+    """`engine`: one already built from `config.engine` (a caller that goes on using it), else built here."""
     if not config.batch_sizes or min(config.batch_sizes) < 1:
         raise RidgelineError("batch sizes must be positive integers")
     if config.input_len < 1 or config.output_len < 2:
         raise RidgelineError("input length must be at least 1 and output length at least 2 (one prefill token, one decode)")
-    progress("loading the model", 0)
-    engine = LLMEngine(config.engine)
+    if engine is None:
+        progress("loading the model", 0)
+        engine = LLMEngine(config.engine)
     threads = torch.get_num_threads()  # the engine has set it
     progress("measuring this machine's roofline (cached afterwards)", 0)
     roofline = Roofline(load_model_shape(config.engine.model), this_machine(threads=threads),
