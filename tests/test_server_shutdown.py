@@ -16,7 +16,7 @@ from server_helpers import tiny_model_path
 @pytest.fixture
 def serve_process():
     command = [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(tiny_model_path()),
-               "--port", "0", "--kv-cache-memory", "0.01", "--kv-cache-dtype", "fp32", "--drain-timeout", "30"]
+               "--port", "0", "--kv-cache-memory", "10MiB", "--kv-cache-dtype", "fp32", "--drain-timeout", "30"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     url = None
     deadline = time.monotonic() + 60

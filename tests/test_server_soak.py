@@ -7,12 +7,11 @@ import time
 
 import httpx
 import openai
-import pytest
 
 from server_helpers import serve_tiny_model
 from test_server_disconnect import scrape
 
-CLIENTS, REQUESTS, TIME_LIMIT_S = 64, 256, 150.0
+CLIENTS, REQUESTS, TIME_LIMIT_S = 64, 512, 120.0
 
 
 def rss_bytes() -> int:
@@ -57,7 +56,6 @@ async def soak(url: str) -> dict:
     return {"done": done, "tokens": tokens, "elapsed": elapsed, "metrics": final}
 
 
-@pytest.mark.slow
 def test_soak_64_concurrent_streams(record_property):
     with serve_tiny_model(max_num_seqs=CLIENTS, num_blocks=1024, max_waiting=CLIENTS) as server:
         asyncio.run(soak(server.url))  # warm-up, so that RSS growth is measured on a steady state

@@ -1,50 +1,49 @@
 """`ridgeline serve`: the OpenAI-compatible HTTP server over one model."""
 
+from pathlib import Path
+
 import typer
+from rich.console import Console
 
 from ridgeline.cli.app import app
 
 
 @app.command("serve", help="Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).")
 def serve_command(
-    model: str = typer.Argument(None, help="GGUF file or Hugging Face directory (default: the bundled model)."),
+    model: Path = typer.Argument(None, help="GGUF file or Hugging Face directory (default: the bundled model)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; the default keeps the server on loopback."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     api_key: str = typer.Option(None, "--api-key", envvar="RIDGELINE_API_KEY", help="Require 'Authorization: Bearer KEY'."),
     served_model_name: str = typer.Option(None, "--served-model-name", help="Model name clients use (default: the file's name)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step."),
-    kv_cache_memory: float = typer.Option(2.0, "--kv-cache-memory", min=0.001, help="KV-cache budget in GiB."),
+    kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
     kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element type: bf16, fp16 or fp32."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Do not reuse KV blocks of shared prompt prefixes."),
     dtype: str = typer.Option("float32", "--dtype", help="Activation dtype: float32 or bfloat16."),
-    device: str = typer.Option("cpu", "--device", help="Torch device to run on."),
     threads: int = typer.Option(None, "--threads", min=1, help="Torch intra-op threads (default: torch's choice)."),
     max_waiting: int = typer.Option(256, "--max-waiting", min=0, help="Requests queued beyond the batch before 503s."),
     max_body_kib: int = typer.Option(4096, "--max-body-kib", min=1, help="Largest request body accepted, in KiB (else 413)."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, help="Seconds in-flight requests get on SIGTERM."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Put prompt text in the request log (off: ids and counts only)."),
 ) -> None:
-    from ridgeline.engine.kv_cache import KVCacheConfig
-    from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
-    from ridgeline.engine.scheduler import SchedulerConfig
+    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
     from ridgeline.server.launcher import configure_logging, run_server
 
     configure_logging()
-    engine_config = EngineConfig(
-        model=model,
-        device=device,
-        dtype=dtype,
+    config = engine_config(
+        model,
         threads=threads,
-        kv_cache=KVCacheConfig(block_size=block_size, dtype=kv_cache_dtype, memory_bytes=int(kv_cache_memory * 2**30)),
-        scheduler=SchedulerConfig(
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            block_size=block_size,
-            enable_prefix_caching=not no_prefix_caching,
-        ),
+        dtype=dtype,
+        kv_cache_memory=kv_cache_memory,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefix_caching=not no_prefix_caching,
     )
     server_config = ServerConfig(
         host=host,
@@ -56,5 +55,6 @@ def serve_command(
         drain_timeout=drain_timeout,
         log_prompts=log_prompts,
     )
-    engine = LLMEngine(engine_config)
+    with Console(stderr=True).status("loading model"):
+        engine = LLMEngine(config)
     run_server(create_app(engine, server_config), server_config)

@@ -1,0 +1,161 @@
+"""ridgeline serve vs llama.cpp's server, side by side on one machine and model: N concurrent streams.
+
+    .venv/bin/python benchmarks/serve_vs_llamacpp.py [--concurrency 8] [--num-prompts 16] [--threads 2] [--model PATH] [--json]
+
+Each server runs in turn on a loopback port with the same model and thread count and is loaded by
+`ridgeline bench serve`'s library (≈96-token prompts, 128 output tokens, greedy) after a short warm-up.
+llama.cpp is llama-cpp-python[server] in its own environment (benchmarks/.venv-llamacpp, built on first use).
+The whole run holds /tmp/ridgeline-cpu.lock so nothing else shares the CPUs.
+
+Target (issue 5): ridgeline >= 1.5x llama.cpp's aggregate output tok/s, with mean TTFT and p99 ITL no worse.
+llama-cpp-python's server decodes one request at a time (no parallel slots), so the reference figures of the
+C++ `llama-server -np 8` measured on this machine (shared/reference/README.md) are printed beside it.
+"""
+
+import argparse
+import fcntl
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from llamacpp_env import CPU_LOCK, LLAMA_CPP_PYTHON, llamacpp_python
+
+from ridgeline.model.checkpoint import resolve_model_path
+from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+
+# llama-server -np 8 on this machine, 8 streams of ≈95-token prompts and 128 tokens (shared/reference/README.md).
+LLAMA_SERVER_REFERENCE = {"output_tokens_per_s": (88, 106), "ttft_mean_ms": (1100, 1300), "itl_mean_ms": (67, 81)}
+THROUGHPUT_TARGET = 1.5
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ridgeline_command(model: Path, port: int, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(model), "--port", str(port),
+            "--threads", str(args.threads), "--max-num-seqs", str(args.concurrency), "--kv-cache-memory", "512MiB"]
+
+
+def llamacpp_command(python: Path, model: Path, port: int, args: argparse.Namespace) -> list[str]:
+    return [str(python), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096"]
+
+
+def with_server_extras(python: Path) -> Path:
+    """llama-cpp-python's server needs its [server] extras (pure Python: no rebuild of llama.cpp)."""
+    if subprocess.run([python, "-c", "import llama_cpp.server.app"], capture_output=True).returncode != 0:
+        extras = LLAMA_CPP_PYTHON.replace("==", "[server]==")
+        subprocess.run([python, "-m", "pip", "install", "-q", extras], check=True)
+    return python
+
+
+def measure(name: str, command: list[str], ready_path: str, args: argparse.Namespace) -> dict:
+    """Start a server, wait until it answers, warm it up, load it, stop it; the load level's summary."""
+    port = int(command[command.index("--port") + 1])
+    url = f"http://127.0.0.1:{port}"
+    log = open(Path(args.log_dir) / f"{name}.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_ready(server, url + ready_path, f"{name} did not start; see {log.name}")
+        level = LoadLevel(concurrency=args.concurrency)
+        warm_up = BenchServeConfig(url, num_prompts=args.concurrency, input_len=args.input_len, output_len=8)
+        bench_serve(warm_up, [level])
+        config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
+                                  output_len=args.output_len, max_seconds=args.max_seconds)
+        return bench_serve(config, [level])["levels"][0]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def wait_until_ready(server: subprocess.Popen, url: str, failure: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.5)
+    raise RuntimeError(failure)
+
+
+def figures(level: dict) -> dict:
+    return {
+        "output_tokens_per_s": level["output_tokens_per_s"],
+        "ttft_mean_ms": level["ttft_ms"]["mean"],
+        "ttft_p99_ms": level["ttft_ms"]["p99"],
+        "itl_mean_ms": level["itl_ms"]["mean"],
+        "itl_p99_ms": level["itl_ms"]["p99"],
+        "completed": level["completed"],
+        "failed": level["failed"],
+        "output_tokens": level["output_tokens"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF file (default: the bundled Gemma 3 270M Q4_K_M)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for both servers")
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent streams")
+    parser.add_argument("--num-prompts", type=int, default=16, help="requests per server")
+    parser.add_argument("--input-len", type=int, default=96, help="prompt length in words (≈ tokens)")
+    parser.add_argument("--output-len", type=int, default=128, help="output tokens per request")
+    parser.add_argument("--max-seconds", type=float, default=600, help="time limit per server")
+    parser.add_argument("--log-dir", default="/tmp", help="where the servers' logs go")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    model = resolve_model_path(args.model)
+    python = with_server_extras(llamacpp_python())  # builds the environment first if needed (takes the CPU lock)
+
+    with open(CPU_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ours = figures(measure("ridgeline", ridgeline_command(model, free_port(), args), "/health", args))
+        theirs = figures(measure("llama-cpp-python", llamacpp_command(python, model, free_port(), args), "/v1/models", args))
+
+    ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
+    verdict = {
+        "throughput": ratio >= THROUGHPUT_TARGET,
+        "ttft_mean": ours["ttft_mean_ms"] <= theirs["ttft_mean_ms"],
+        "itl_p99": ours["itl_p99_ms"] <= theirs["itl_p99_ms"],
+    }
+    if args.json:
+        print(json.dumps({"ridgeline": ours, "llama_cpp_python": theirs, "throughput_ratio": ratio, "target_met": verdict,
+                          "llama_server_reference": LLAMA_SERVER_REFERENCE}, indent=2))
+        return
+    print(f"{model.name}: {args.concurrency} concurrent streams, {args.num_prompts} requests, "
+          f"{args.input_len}-word prompts, {args.output_len} tokens out, {args.threads} threads")
+    print(f"{'':24} {'ridgeline':>12} {'llama-cpp-py':>12} {'llama-server ref':>18}")
+    reference = LLAMA_SERVER_REFERENCE
+    rows = [
+        ("output tok/s", "output_tokens_per_s", "{:.1f}", reference["output_tokens_per_s"]),
+        ("TTFT mean (ms)", "ttft_mean_ms", "{:.0f}", reference["ttft_mean_ms"]),
+        ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}", None),
+        ("ITL mean (ms)", "itl_mean_ms", "{:.1f}", reference["itl_mean_ms"]),
+        ("ITL p99 (ms)", "itl_p99_ms", "{:.1f}", None),
+        ("completed / failed", None, None, None),
+    ]
+    for label, key, fmt, ref in rows:
+        if key is None:
+            print(f"{label:24} {ours['completed']:>7} / {ours['failed']:<2} {theirs['completed']:>7} / {theirs['failed']:<2}")
+            continue
+        ref_text = f"{ref[0]}-{ref[1]}" if ref else "-"
+        print(f"{label:24} {fmt.format(ours[key]):>12} {fmt.format(theirs[key]):>12} {ref_text:>18}")
+    print(f"throughput ratio vs llama-cpp-python: {ratio:.2f}x (target {THROUGHPUT_TARGET}x) "
+          + ", ".join(f"{k}: {'met' if ok else 'missed'}" for k, ok in verdict.items()))
+
+
+if __name__ == "__main__":
+    main()
