@@ -185,12 +185,14 @@ def test_seeded_request_is_reproducible_whatever_the_batch_around_it():
 
 def test_logprobs_are_of_the_raw_distribution_for_the_sampled_and_top_tokens():
     logits = random_logits(3, 100, seed=5)
+    top_two = logits[0].topk(2).indices.tolist()
     params = [
-        SamplingParams(temperature=0.5, repetition_penalty=1.5, logprobs=3),
+        SamplingParams(temperature=0.5, repetition_penalty=1.5, frequency_penalty=2.0, logprobs=3),
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=0.0, logprobs=0),
     ]
-    result = sample(logits, params, prompts=[[1, 2], [3], [4]], outputs=[[5], [6], [7]])
+    # Row 0 penalises its two most likely tokens hard: its processed distribution is far from the raw one.
+    result = sample(logits, params, prompts=[top_two, [3], [4]], outputs=[top_two * 3, [6], [7]])
     raw = torch.log_softmax(logits, dim=-1)
     entry = result.logprobs[0]
     token = result.token_ids[0]
@@ -217,3 +219,8 @@ def test_prompt_logprobs_score_each_next_prompt_token(monkeypatch):
     assert all(math.isfinite(s.logprob) and s.rank >= 1 for s in scored)
     with pytest.raises(ValueError):
         prompt_logprobs(logits, next_tokens[:-1], num_top=2)
+
+
+def test_a_row_count_mismatch_is_a_caller_bug_not_garbage():
+    with pytest.raises(ValueError):
+        sample(random_logits(3, 10, seed=7), [SamplingParams()], prompts=[[]], outputs=[[]])
