@@ -34,7 +34,7 @@ def roofline_command(
 ) -> None:
     from ridgeline.perf.plot import plot_roofline
 
-    console = Console()
+    console = Console(width=max(Console().width, 110))  # long figures read better unwrapped
     with console.status("measuring this machine (a few seconds, cached afterwards)", spinner="dots"):
         machine = get_hardware(hardware, remeasure=remeasure)
     roofline = Roofline(load_model_shape(model, weights), machine, precision, kv_bytes)

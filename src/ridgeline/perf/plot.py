@@ -25,7 +25,7 @@ def plot_roofline(
     measured: Sequence[MeasuredPoint] = (),
 ) -> Path:
     """Log-log roofline with modelled decode (per batch) and prefill (per prompt length) points on the roof."""
-    decode = [(b, roofline.decode_cost(b, context).intensity) for b in decode_batches]
+    decode = [(b, roofline.decode_cost(b, context).intensity) for b in decode_batches]  # at `context` tokens each
     prefill = [(n, roofline.prefill_cost(n).intensity) for n in prefill_lengths]
     measured_xy = [(p, p.cost(roofline).intensity, p.attained_flops(roofline)) for p in measured]
     intensities = [x for _, x in decode + prefill] + [x for _, x, _ in measured_xy] + [roofline.ridge]
@@ -34,21 +34,21 @@ def plot_roofline(
     figure, axes = plt.subplots(figsize=(8, 5.5), dpi=120)
     axes.loglog(x, [roofline.attainable_flops(i) for i in x], color="black", linewidth=2, label="roof")
     axes.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge {roofline.ridge:,.0f} FLOP/B")
-    for label, points, marker, colour in (
-        ("decode, batch", decode, "o", "tab:blue"),
-        ("prefill, tokens", prefill, "s", "tab:orange"),
+    for label, points, marker, colour, prefix, offset in (
+        ("decode at batch b", decode, "o", "tab:blue", "b=", (4, -12)),
+        ("prefill of L tokens", prefill, "s", "tab:orange", "L=", (-4, 7)),
     ):
         xs = [i for _, i in points]
         axes.scatter(xs, [roofline.attainable_flops(i) for i in xs], marker=marker, color=colour, zorder=3, label=label)
         for n, i in points:
-            axes.annotate(f"{n:,}", (i, roofline.attainable_flops(i)), textcoords="offset points", xytext=(4, -12), fontsize=8)
+            axes.annotate(f"{prefix}{n:,}", (i, roofline.attainable_flops(i)), textcoords="offset points", xytext=offset, fontsize=7, color=colour)
     for point, intensity, flops in measured_xy:
         axes.scatter([intensity], [flops], marker="*", s=120, color="tab:red", zorder=4)
         axes.annotate(point.label, (intensity, flops), textcoords="offset points", xytext=(5, 4), fontsize=8, color="tab:red")
     if measured_xy:
         axes.scatter([], [], marker="*", s=120, color="tab:red", label="measured")
     shape, hardware = roofline.shape, roofline.hardware
-    axes.set_title(f"{shape.name} ({shape.weights}) on {hardware.title}", fontsize=10)
+    axes.set_title(f"{shape.name} ({shape.weights}) on {hardware.title}, decode at {context:,} tokens of context", fontsize=9)
     axes.set_xlabel("arithmetic intensity (FLOP / byte)")
     axes.set_ylabel(f"attainable FLOP/s ({roofline.precision})")
     axes.grid(True, which="both", alpha=0.3)
