@@ -69,19 +69,31 @@ def test_roofline_prediction_is_the_napkin_decode_ceiling_at_the_average_context
     assert result.fraction_of_roofline == pytest.approx(result.decode_tok_s / result.roofline_tok_s)
 
 
-def test_json_report_holds_the_figures_and_roofline_points(tiny_model):
+def invoke_cli(tiny_model, *options):
     from ridgeline.cli import _register_commands, app
 
     _register_commands()
     result = CliRunner().invoke(app, ["bench", "throughput", "--model", str(tiny_model), "--batch-sizes", "1,2",
-                                      "--input-len", "6", "--output-len", "3", "--threads", "2", "--json"])
+                                      "--input-len", "6", "--output-len", "3", "--threads", "2", *options])
     assert result.exit_code == 0, result.output
+    return result
+
+
+def test_json_report_holds_the_figures_and_roofline_points(tiny_model):
+    result = invoke_cli(tiny_model, "--json")
     summary = json.loads(result.stdout)
     assert summary["threads"] == 2
     assert [(r["batch"], r["output_tokens"], r["decode_tokens"]) for r in summary["results"]] == [(1, 3, 2), (2, 6, 4)]
     assert all(r["decode_tok_s"] > 0 and r["roofline_tok_s"] > 0 for r in summary["results"])
     points = parse_points(summary)  # readable by `ridgeline roofline --measured`
     assert [(p.phase, p.batch, p.context) for p in points] == [("decode", 1, 7), ("decode", 2, 7)]
+
+
+def test_table_has_a_row_per_batch_size_and_the_plot_is_written(tiny_model, tmp_path):
+    result = invoke_cli(tiny_model, "--plot", str(tmp_path / "throughput.png"))
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == ["1", "2"]
+    assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize("text", ["", "0,4", "1,two", "-2"])

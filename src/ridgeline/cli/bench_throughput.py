@@ -63,9 +63,9 @@ def write_plot(report: ThroughputReport, config: ThroughputConfig, path: Path) -
 
 
 def print_report(report: ThroughputReport, config: ThroughputConfig, plot: str | None) -> None:
-    table = Table(title=f"ridgeline bench throughput: {report.model}, {report.threads} threads, "
-                        f"{config.input_len} in / {config.output_len} out per request")
-    for column in ("batch", "prefill s", "prefill tok/s", "decode s", "decode tok/s", "roofline tok/s", "% of roofline", "preempted"):
+    table = Table(title=f"{report.model}, {report.threads} threads, {config.input_len} in / {config.output_len} out "
+                        "per request")
+    for column in ("batch", "prefill s", "prefill tok/s", "decode s", "decode tok/s", "roofline", "% roof", "preempt"):
         table.add_column(column, justify="right")
     for r in report.results:
         table.add_row(str(r.batch), f"{r.prefill_s:.2f}", f"{r.prefill_tok_s:,.1f}", f"{r.decode_s:.2f}",
@@ -73,7 +73,7 @@ def print_report(report: ThroughputReport, config: ThroughputConfig, plot: str |
     console = Console()
     console.print(table)
     hardware = report.hardware
-    console.print(f"roofline: {hardware.title}, {hardware.bandwidth / 1e9:.1f} GB/s, "
+    console.print(f"roofline = the napkin decode ceiling in tok/s for {hardware.title}, {hardware.bandwidth / 1e9:.1f} GB/s, "
                   f"{hardware.flops() / 1e9:.0f} GFLOP/s {hardware.default_precision}; weights as stored in the file, "
                   f"at the average context of {config.input_len + config.output_len // 2} tokens. "
                   "decode tok/s = tokens after the last request's first token / time after it.", highlight=False)
