@@ -11,6 +11,7 @@ from ridgeline.cli import _register_commands
 from ridgeline.cli.app import app
 from ridgeline.perf import hardware, measure
 from ridgeline.perf.hardware import THIS_MACHINE, catalogue, catalogue_version, get_hardware, observations
+from ridgeline.perf.measured import parse_points
 
 REQUIRED_MACHINES = {
     "apple-m1-max", "apple-m1-ultra", "apple-m2-max", "apple-m2-ultra", "apple-m4-max", "apple-m4-mini-16gb",
@@ -130,3 +131,12 @@ def test_roofline_cli_rejects_bad_measured_files(tmp_path):
     result = CliRunner().invoke(app, ["roofline", "--model", "llama-2-7b", "--hardware", "apple-m1-max", "--measured", str(bad)])
     assert result.exit_code != 0
     assert "phase 'prefill' or 'decode'" in str(result.exception)
+
+
+def test_bench_latency_results_are_read_as_prefill_and_decode_points():
+    latency = [{"weights": "quantized", "prompt_tokens": 512, "gen_tokens": 128,
+                "pp_tok_s": {"mean": 300.0, "sd": 1.0, "runs": [300.0]}, "tg_tok_s": {"mean": 50.0, "sd": 0.5, "runs": [50.0]}}]
+    prefill, decode = parse_points(latency)
+    assert (prefill.phase, prefill.prompt_tokens, prefill.tokens_per_s) == ("prefill", 512, 300.0)
+    assert (decode.phase, decode.batch, decode.context, decode.tokens_per_s) == ("decode", 1, 64, 50.0)
+    assert prefill.label == "ridgeline quantized pp512" and decode.label == "ridgeline quantized tg128"

@@ -1,8 +1,9 @@
 """Measured operating points (from `bench latency --json` or `bench serve --json`) to place on a roofline.
 
-The file is a JSON list of points, or an object whose "roofline_points" key holds that list. A point is
-`{"label", "phase": "prefill"|"decode", "tokens_per_s", "batch" (decode) | "prompt_tokens" (prefill),
-"context" (decode, optional)}`; `tokens_per_s` is aggregate over the batch.
+The file is a JSON list of points, or an object whose "roofline_points" key holds that list (what
+`bench serve --json` prints). A point is `{"label", "phase": "prefill"|"decode", "tokens_per_s",
+"batch" (decode) | "prompt_tokens" (prefill), "context" (decode, optional)}`; `tokens_per_s` is aggregate
+over the batch. The list `bench latency --json` prints (pp/tg results per weight mode) is read as well.
 """
 
 import json
@@ -42,6 +43,7 @@ def parse_points(data: object) -> list[MeasuredPoint]:
         data = data.get("roofline_points")
     if not isinstance(data, list):
         raise RidgelineError("measured results must be a JSON list of points (or an object with 'roofline_points')")
+    data = [point for item in data for point in _latency_points(item)]
     points = []
     for i, item in enumerate(data):
         phase = item.get("phase") if isinstance(item, dict) else None
@@ -60,6 +62,19 @@ def parse_points(data: object) -> list[MeasuredPoint]:
             )
         )
     return points
+
+
+def _latency_points(item: object) -> list:
+    """A `bench latency` result becomes its pp (prefill) and tg (batch-1 decode) points; anything else passes."""
+    if not (isinstance(item, dict) and "pp_tok_s" in item and "tg_tok_s" in item):
+        return [item]
+    label = f"ridgeline {item.get('weights', '')}".strip()
+    return [
+        {"label": f"{label} pp{item['prompt_tokens']}", "phase": "prefill", "prompt_tokens": item["prompt_tokens"],
+         "tokens_per_s": item["pp_tok_s"]["mean"]},
+        {"label": f"{label} tg{item['gen_tokens']}", "phase": "decode", "batch": 1, "context": item["gen_tokens"] // 2,
+         "tokens_per_s": item["tg_tok_s"]["mean"]},
+    ]
 
 
 def load_measured(path: str | Path) -> list[MeasuredPoint]:
