@@ -206,7 +206,9 @@ def main() -> None:
     worker_args = {"model": str(model), "threads": args.threads, "batch_sizes": sizes,
                    "input_len": args.input_len, "output_len": args.output_len}
     done = subprocess.run([str(python), __file__, "--llamacpp-worker", json.dumps(worker_args)],
-                          check=True, capture_output=True, text=True)
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the llama.cpp worker failed:\n{done.stderr}")
     theirs = json.loads(done.stdout.strip().splitlines()[-1])
     profiles = {}
     if not args.no_profile:
