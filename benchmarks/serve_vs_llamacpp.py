@@ -13,6 +13,7 @@ C++ `llama-server -np 8` measured on this machine (shared/reference/README.md) a
 """
 
 import argparse
+import contextlib
 import fcntl
 import json
 import signal
@@ -25,7 +26,8 @@ from pathlib import Path
 import httpx
 from llamacpp_env import CPU_LOCK, LLAMA_CPP_PYTHON, llamacpp_python
 
-from ridgeline.model.checkpoint import resolve_model_path
+import ridgeline.perf.bench_serve as bench_serve_library
+from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
 from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 
 # llama-server -np 8 on this machine, 8 streams of ≈95-token prompts and 128 tokens (shared/reference/README.md).
@@ -46,7 +48,8 @@ def ridgeline_command(model: Path, port: int, args: argparse.Namespace) -> list[
 
 def llamacpp_command(python: Path, model: Path, port: int, args: argparse.Namespace) -> list[str]:
     return [str(python), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096"]
+            "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096",
+            "--interrupt_requests", "False"]  # by default a new request cuts the running stream short
 
 
 def with_server_extras(python: Path) -> Path:
@@ -55,6 +58,22 @@ def with_server_extras(python: Path) -> Path:
         extras = LLAMA_CPP_PYTHON.replace("==", "[server]==")
         subprocess.run([python, "-m", "pip", "install", "-q", extras], check=True)
     return python
+
+
+@contextlib.contextmanager
+def banned_end_tokens(token_ids: list[int]):
+    """llama-cpp-python ignores vLLM's `ignore_eos`: ban the end-of-generation tokens with `logit_bias` instead, so
+    that it too writes output_len tokens per request. Scoped to its measurement; ridgeline gets plain requests."""
+    plain = bench_serve_library.request_body
+
+    def with_bias(*args, **kwargs) -> dict:
+        return plain(*args, **kwargs) | {"logit_bias": {str(token): -100 for token in token_ids}}
+
+    bench_serve_library.request_body = with_bias
+    try:
+        yield
+    finally:
+        bench_serve_library.request_body = plain
 
 
 def measure(name: str, command: list[str], ready_path: str, args: argparse.Namespace) -> dict:
@@ -123,7 +142,8 @@ def main() -> None:
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ours = figures(measure("ridgeline", ridgeline_command(model, free_port(), args), "/health", args))
-        theirs = figures(measure("llama-cpp-python", llamacpp_command(python, model, free_port(), args), "/v1/models", args))
+        with banned_end_tokens(sorted(read_checkpoint(model).load_tokenizer().eos_ids)):
+            theirs = figures(measure("llama-cpp-python", llamacpp_command(python, model, free_port(), args), "/v1/models", args))
 
     ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
     verdict = {

@@ -140,6 +140,11 @@ def test_echo_with_logprobs_scores_the_prompt(client, model, server):
     generated = logprobs.token_logprobs[-1]
     assert generated == pytest.approx(max(logprobs.top_logprobs[-1].values()))  # greedy took the top token
 
+    scored_only = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True, logprobs=0)
+    assert scored_only.choices[0].text == PROMPT
+    assert scored_only.choices[0].logprobs.token_logprobs == pytest.approx(logprobs.token_logprobs[:-1])
+    assert scored_only.usage.completion_tokens == 0
+
 
 def test_chat_logprobs(client, model):
     response = client.chat.completions.create(

@@ -157,7 +157,7 @@ def test_past_the_waiting_queue_requests_get_503_with_retry_after(server):
 
     async def scenario():
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
-            long = completion(max_tokens=64, ignore_eos=True, stream=True)
+            long = completion(max_tokens=400, ignore_eos=True, stream=True)  # still running when the 4th arrives
             streams = [client.stream("POST", C, json=long) for _ in range(3)]
             responses = [await s.__aenter__() for s in streams]
             assert [r.status_code for r in responses] == [200, 200, 200]
