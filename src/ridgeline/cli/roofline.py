@@ -1,6 +1,7 @@
 """`ridgeline roofline`: the napkin model for one model on one machine."""
 
 import json
+from contextlib import nullcontext
 
 import typer
 from rich.console import Console
@@ -34,8 +35,9 @@ def roofline_command(
 ) -> None:
     from ridgeline.perf.plot import plot_roofline
 
-    console = Console(width=max(Console().width, 110))  # long figures read better unwrapped
-    with console.status("measuring this machine (a few seconds, cached afterwards)", spinner="dots"):
+    console = Console(stderr=as_json, width=max(Console().width, 110))  # long figures read better unwrapped
+    measuring = hardware == THIS_MACHINE
+    with console.status("measuring this machine (a few seconds, cached afterwards)") if measuring else nullcontext():
         machine = get_hardware(hardware, remeasure=remeasure)
     roofline = Roofline(load_model_shape(model, weights), machine, precision, kv_bytes)
     workload = Workload(batch, context, prompt_tokens, kv_bytes, precision)
