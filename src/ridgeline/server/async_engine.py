@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.errors import RidgelineError
 from ridgeline.server.errors import APIError
 from ridgeline.server.metrics import ServerMetrics
@@ -21,7 +22,7 @@ from ridgeline.server.metrics import ServerMetrics
 class EngineRequest:
     request_id: str
     prompt: list[int]
-    params: object  # SamplingParams
+    params: SamplingParams
 
 
 class EngineDeadError(RuntimeError):
@@ -81,10 +82,6 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._routes)
-
     def submit(self, requests: list[EngineRequest]) -> Submission:
         """Queue all choices of one HTTP request, or none: 503 when shutting down, dead, or over capacity."""
         if not self.accepting:
@@ -101,8 +98,6 @@ class AsyncEngine:
         submission = Submission(self, [r.request_id for r in requests])
         arrival = time.monotonic()
         for index, request in enumerate(requests):
-            if request.request_id in self._routes:
-                raise APIError(400, f"duplicate request id {request.request_id!r}")
             self._routes[request.request_id] = (submission, index)
         self._submissions.add(submission)
         self._send([("add", request, arrival) for request in requests])

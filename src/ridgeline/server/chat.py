@@ -21,7 +21,16 @@ from ridgeline.server.protocol import (
     Usage,
 )
 from ridgeline.server.sampling import sampling_params
-from ridgeline.server.serving import SSE_DONE, ServingContext, collect, log_request, new_request_id, sse, sse_error
+from ridgeline.server.serving import (
+    SSE_DONE,
+    ServingContext,
+    collect,
+    log_request,
+    new_logprobs,
+    new_request_id,
+    sse,
+    sse_error,
+)
 
 
 class ChatJob:
@@ -104,8 +113,7 @@ async def _stream(job: ChatJob, submission) -> AsyncIterator[str]:
             yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content="")))
         async for index, output in submission.outputs():
             job.last[index] = output
-            new_entries = (output.logprobs or [])[len(output.output_token_ids) - len(output.new_token_ids) :]
-            logprobs = job.logprobs(output.new_token_ids, new_entries)
+            logprobs = job.logprobs(output.new_token_ids, new_logprobs(output))
             if output.new_text or output.finished or logprobs is not None:
                 delta = ChatDelta(content=output.new_text or None)
                 yield chunk(ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=output.finish_reason))

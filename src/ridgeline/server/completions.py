@@ -16,16 +16,25 @@ from ridgeline.server.protocol import (
     Usage,
 )
 from ridgeline.server.sampling import sampling_params
-from ridgeline.server.serving import SSE_DONE, ServingContext, collect, log_request, new_request_id, sse, sse_error
+from ridgeline.server.serving import (
+    SSE_DONE,
+    ServingContext,
+    collect,
+    log_request,
+    new_logprobs,
+    new_request_id,
+    sse,
+    sse_error,
+)
 
 
 class LogprobsBuilder:
     """The legacy parallel-list logprobs of one choice, grown token by token, with text offsets into the
     choice's text (which starts with the prompt when echoing)."""
 
-    def __init__(self, ctx: ServingContext, text_start: int = 0):
+    def __init__(self, ctx: ServingContext):
         self.ctx = ctx
-        self.offset = text_start
+        self.offset = 0
         self._detokenizer = IncrementalDetokenizer(ctx.tokenizer)
 
     def add(self, logprobs: CompletionLogprobs, token_id: int, entry) -> None:
@@ -152,8 +161,7 @@ async def _stream(job: CompletionJob, submission) -> AsyncIterator[str]:
                 builder = builders.setdefault(index, LogprobsBuilder(job.ctx))
                 if previous is None and request.echo:
                     logprobs = builder.prompt(output.prompt_token_ids, output.prompt_logprobs or [])
-                new_entries = (output.logprobs or [])[len(output.output_token_ids) - len(output.new_token_ids) :]
-                logprobs = builder.generated(output.new_token_ids, new_entries, into=logprobs)
+                logprobs = builder.generated(output.new_token_ids, new_logprobs(output), into=logprobs)
             if text or output.finished or logprobs is not None:
                 choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=output.finish_reason)
                 yield sse(CompletionResponse(id=job.id, model=job.ctx.model_name, choices=[choice]))

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from fastapi import Request
 from pydantic import BaseModel
 
+from ridgeline.errors import RidgelineError
+from ridgeline.model.tokenizer.base import Tokenizer
 from ridgeline.server.async_engine import AsyncEngine, Submission
 from ridgeline.server.errors import APIError, error_body
 from ridgeline.server.protocol import Usage
@@ -21,7 +23,7 @@ request_logger = logging.getLogger("ridgeline.server.requests")
 @dataclass
 class ServingContext:
     engine: AsyncEngine
-    tokenizer: object  # ridgeline.model.tokenizer.base.Tokenizer
+    tokenizer: Tokenizer
     model_name: str
     max_model_len: int  # the model's context, capped by what the KV cache can hold for one sequence
     log_prompts: bool = False
@@ -82,11 +84,18 @@ def sse(payload: BaseModel | dict) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
+def new_logprobs(output) -> list:
+    """The logprob entries of the tokens this output adds (the engine's list covers all tokens so far)."""
+    return (output.logprobs or [])[len(output.output_token_ids) - len(output.new_token_ids) :]
+
+
 def sse_error(error: Exception) -> str:
     """An error after the 200 was sent can only travel inside the stream."""
     if isinstance(error, APIError):
         return sse(error_body(error.status, error.message, error.param, error.code))
-    return sse(error_body(500, f"internal server error: {error}"))
+    if isinstance(error, RidgelineError):
+        return sse(error_body(400, str(error)))
+    return sse(error_body(500, f"internal server error: {error!r}"))
 
 
 async def collect(raw: Request, submission: Submission) -> dict[int, object] | None:
