@@ -1,5 +1,7 @@
-"""`ridgeline serve` on SIGTERM: stops accepting connections, lets the in-flight stream finish, exits with 0."""
+"""Shutdown: `ridgeline serve` on SIGTERM stops accepting connections, lets in-flight streams finish and exits
+with 0; what is still running at the drain timeout is aborted and its KV blocks freed."""
 
+import asyncio
 import json
 import re
 import signal
@@ -10,7 +12,10 @@ import time
 import httpx
 import pytest
 
-from server_helpers import tiny_model_path
+from server_helpers import tiny_engine, tiny_model_path
+
+from ridgeline.server.app import ServerConfig, create_app
+from ridgeline.server.launcher import BackgroundServer
 
 
 @pytest.fixture
@@ -57,3 +62,40 @@ def test_sigterm_drains_in_flight_requests_then_exits_cleanly(serve_process):
                      if "ridgeline.server.requests: " in line]
     assert len(request_lines) == 1 and request_lines[0]["completion_tokens"] == 400
     assert "prompt" not in request_lines[0] and "quick brown" not in log  # no prompt text by default
+
+
+def test_past_the_drain_timeout_in_flight_requests_are_aborted_and_free_their_blocks():
+    engine = tiny_engine()
+    background = BackgroundServer(create_app(engine, ServerConfig(drain_timeout=0.5)), drain_timeout=0.5)
+    streams, max_tokens = 16, 480  # far more work than fits in the drain timeout
+
+    async def scenario(url: str) -> list[str | None]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            started = asyncio.Barrier(streams + 1)
+
+            async def stream(i: int) -> str | None:
+                body = {"prompt": f"stream {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+                finish, first = None, True
+                try:
+                    async with client.stream("POST", "/v1/completions", json=body) as response:
+                        async for line in response.aiter_lines():
+                            if first:
+                                first = False
+                                await started.wait()
+                            if line.startswith("data: {"):
+                                finish = json.loads(line.removeprefix("data: "))["choices"][0]["finish_reason"] or finish
+                except httpx.RemoteProtocolError:
+                    pass  # the server cut the stream at the drain timeout
+                return finish
+
+            tasks = [asyncio.create_task(stream(i)) for i in range(streams)]
+            await started.wait()
+            background.server.should_exit = True  # what SIGTERM does
+            return await asyncio.gather(*tasks)
+
+    with background:
+        finishes = asyncio.run(scenario(background.url))
+    assert finishes.count("length") < streams  # some were cut short...
+    stats = engine.stats()  # ...and the engine let go of all of them
+    assert stats.num_running == stats.num_waiting == 0
+    assert stats.num_free_blocks == stats.num_total_blocks

@@ -155,10 +155,11 @@ class AsyncEngine:
                     while not self._commands and not self._stop and not self.engine.has_unfinished():
                         self._wake.wait()
                     commands, self._commands = self._commands, []
-                    if self._stop:
-                        return
+                    stopping = self._stop
                 for command in commands:
                     self._apply(command)
+                if stopping:  # after the shutdown's aborts, so their blocks are back in the pool
+                    return
                 outputs = self.engine.step() if self.engine.has_unfinished() else []
                 self.metrics.observe_engine(self.engine.stats())
                 for output in outputs:

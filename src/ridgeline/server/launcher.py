@@ -26,7 +26,7 @@ def run_server(app: FastAPI, config: ServerConfig) -> None:
         host=config.host,
         port=config.port,
         access_log=False,
-        timeout_graceful_shutdown=max(1, round(config.drain_timeout)),
+        timeout_graceful_shutdown=config.drain_timeout,
         log_level="info",
     )
 
@@ -36,7 +36,7 @@ class BackgroundServer:
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", drain_timeout: float = 5.0, startup_timeout: float = 60.0):
         config = uvicorn.Config(
-            app, host=host, port=0, access_log=False, log_level="warning", timeout_graceful_shutdown=max(1, round(drain_timeout))
+            app, host=host, port=0, access_log=False, log_level="warning", timeout_graceful_shutdown=drain_timeout
         )
         self.server = uvicorn.Server(config)
         self.startup_timeout = startup_timeout
