@@ -136,39 +136,33 @@ void quantize_activation(const float* x, int64_t k, int64_t padded_k, int8_t* q,
     }
 }
 
-// Dot products of one weight row with up to MT activation rows; the row's chunks are decoded once.
+// Dot products of weight row n with MT activation rows; each weight chunk is decoded once for all MT.
 template <int QT, int MT>
 inline void dot_row(const Row& w, int64_t chunks, const QuantizedActivation* x, float* const* out, int64_t n) {
     // Lane i of a VPDPBUSD result sums weights 4i..4i+3 of a 64-weight vector: group i/4 of that half.
     const __m512i lanes_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i lanes_hi = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
     __m512 acc[MT];
-    __m256 offsets[MT];
-    for (int t = 0; t < MT; ++t) {
-        acc[t] = _mm512_setzero_ps();
-        offsets[t] = _mm256_setzero_ps();
-    }
+    for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
         __m512i u0, u1;
         __m256 a, b;
         decode_chunk<QT>(w, c, u0, u1);
         chunk_scales<QT>(w, c, a, b);
+#pragma GCC unroll 4
         for (int t = 0; t < MT; ++t) {
             const int8_t* q = x[t].q + kChunk * c;
             const __m256 factor = _mm256_mul_ps(a, _mm256_loadu_ps(x[t].scale16 + kGroupsPerChunk * c));
-            offsets[t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(x[t].scaled_sum16 + kGroupsPerChunk * c), offsets[t]);
+            const __m256 offset = _mm256_mul_ps(b, _mm256_loadu_ps(x[t].scaled_sum16 + kGroupsPerChunk * c));
             const __m512 f = _mm512_castps256_ps512(factor);
             const __m512i dot0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(q));
             const __m512i dot1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(q + 64));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(lanes_lo, f), acc[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(lanes_hi, f), acc[t]);
+            __m512 sum = _mm512_sub_ps(acc[t], _mm512_zextps256_ps512(offset));  // the b*u offsets, folded in
+            sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(lanes_lo, f), sum);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(lanes_hi, f), sum);
         }
     }
-    for (int t = 0; t < MT; ++t) {
-        const __m128 o = _mm_add_ps(_mm256_castps256_ps128(offsets[t]), _mm256_extractf128_ps(offsets[t], 1));
-        const float offset = _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
-        out[t][n] = _mm512_reduce_add_ps(acc[t]) - offset;
-    }
+    for (int t = 0; t < MT; ++t) out[t][n] = _mm512_reduce_add_ps(acc[t]);
 }
 
 constexpr int kMaxTile = 4;
@@ -212,7 +206,7 @@ void dispatch(int64_t qtype, F&& f) {
 Planes make_planes(torch::Tensor quants, torch::Tensor high, torch::Tensor d, torch::Tensor dmin, torch::Tensor sc,
                    torch::Tensor m) {
     for (const auto* t : {&quants, &high, &d, &dmin, &sc, &m}) {
-        TORCH_CHECK(t->device().is_cpu() && (t->numel() == 0 || (t->dim() == 2 && t->stride(1) == 1)),
+        TORCH_CHECK(t->device().is_cpu() && (t->numel() == 0 || (t->dim() == 2 && (t->size(1) == 1 || t->stride(1) == 1))),
                     "ridgeline quant kernels: planes must be row-contiguous 2-D CPU tensors");
     }
     return {quants, high, d, dmin, sc, m};

@@ -19,7 +19,7 @@ from ridgeline.model.quant.packing import PackedWeight, dequantize_reference
 CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
 SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "quant_kernels.cpp"
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
-COMPILE_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
+COMPILE_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
 
 
 def _cpu_flags() -> set[str]:
@@ -50,6 +50,7 @@ def compiled() -> ModuleType | None:
                 name="ridgeline_quant_kernels",
                 sources=[str(SOURCE)],
                 extra_cflags=COMPILE_FLAGS,
+                extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP: without it the loop runs on one thread
                 build_directory=str(build_dir),
                 verbose=False,
             )

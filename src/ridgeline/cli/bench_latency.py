@@ -1,0 +1,50 @@
+"""`ridgeline bench latency`: llama-bench-style pp/tg tok/s beside the measured roofline ceilings."""
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ridgeline.cli.app import bench_app
+from ridgeline.perf.bench_latency import WEIGHT_MODES, LatencyConfig, run_latency
+
+
+@bench_app.command("latency", help="Prompt processing (pp) and generation (tg) tok/s, bytes per decode token and % of the bandwidth ceiling.")
+def latency_command(
+    model: str = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
+    prompt_tokens: int = typer.Option(512, "-p", "--prompt-tokens", min=0, help="Prompt length for the pp test (0 skips it)."),
+    gen_tokens: int = typer.Option(128, "-n", "--gen-tokens", min=0, help="Tokens generated in the tg test (0 skips it)."),
+    threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),
+    repetitions: int = typer.Option(3, "--repetitions", "-r", min=1, help="Runs of each test (mean ± sd)."),
+    weights: list[str] = typer.Option(list(WEIGHT_MODES), "--weights", help="quantized (kept quantised in memory), bf16 or f32 (dequantised at load); repeat to run several."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, tuple(weights))
+    console = Console(stderr=True)
+    with console.status("starting", spinner="dots") as status:
+        results = run_latency(config, progress=lambda text: status.update(text))
+    if as_json:
+        print(json.dumps([r.summary() for r in results], indent=2))
+        return
+    first = results[0]
+    table = Table(title=f"ridgeline bench latency ({first.threads} threads)")
+    for column in ("weights", f"pp{config.prompt_tokens} tok/s", f"tg{config.gen_tokens} tok/s", "bytes/token",
+                   "ceiling tok/s", "tg % ceiling", "pp % peak"):
+        table.add_column(column, justify="right")
+    for r in results:
+        s = r.summary()
+        table.add_row(
+            r.weights,
+            f"{s['pp_tok_s']['mean']:.1f} ± {s['pp_tok_s']['sd']:.1f}",
+            f"{s['tg_tok_s']['mean']:.1f} ± {s['tg_tok_s']['sd']:.1f}",
+            f"{r.bytes_per_token / 1e6:,.1f} MB",
+            f"{r.ceiling_tok_s:.1f}",
+            f"{r.tg_fraction_of_ceiling:.0%}",
+            f"{r.pp_fraction_of_peak:.0%}",
+        )
+    out = Console()
+    out.print(table)
+    out.print(f"measured read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, bf16 matmul {first.matmul_flops / 1e9:.0f} GFLOP/s; "
+              "ceiling = bandwidth / bytes per decode token (weights + average KV cache); "
+              "pp % peak counts linear-layer FLOPs only.")

@@ -1,0 +1,75 @@
+"""A linear layer whose GGUF weight stays quantised in memory, with the path chosen by how many rows come in.
+
+Few rows (decode, small batches) are memory-bound: stream the quantised bytes once through the int8 gemv.
+Many rows (prefill) are compute-bound: dequantise the weight to bf16 once for this call and run a GEMM.
+The switch point is measured per machine (crossover.py), not guessed.
+"""
+
+import torch
+from torch import nn
+
+from ridgeline.model.quant import kernels
+from ridgeline.model.quant.crossover import crossover_rows
+from ridgeline.model.quant.packing import PackedWeight, pack
+from ridgeline.model.weights import StoredTensor
+
+_PLANE_NAMES = ("quants", "high", "d", "dmin", "sc", "m")
+
+
+class QuantizedLinear(nn.Module):
+    """y = x Wᵀ (+ b) for x [..., in] float32/bfloat16; the output has x's dtype."""
+
+    def __init__(self, weight: PackedWeight, bias: torch.Tensor | None, crossover: int):
+        super().__init__()
+        self.qtype, self.in_features, self.out_features = weight.qtype, weight.in_features, weight.out_features
+        self.padded_in, self.crossover = weight.padded_in, crossover
+        for name, plane in zip(_PLANE_NAMES, weight.planes):
+            self.register_buffer(name, plane, persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.to(torch.float32), persistent=False)
+        self.weight = weight
+
+    @classmethod
+    def from_stored(
+        cls,
+        weight: StoredTensor,
+        bias: torch.Tensor | None = None,
+        device: torch.device | str = "cpu",
+        crossover: int | None = None,
+    ) -> "QuantizedLinear":
+        """Pack a quantised GGUF weight; `crossover` (rows from which the GEMM path wins) defaults to the measured one."""
+        packed = pack(weight).to(torch.device(device))
+        if crossover is None:
+            crossover = crossover_rows(weight.qtype) if kernels.uses_compiled_kernels(packed) else 1
+        return cls(packed, None if bias is None else bias.to(device), crossover)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # moves the plane buffers; rebuild the view the kernels take
+        planes = [getattr(self, name) for name in _PLANE_NAMES]
+        self.weight = PackedWeight(self.qtype, self.out_features, self.in_features, self.padded_in, *planes)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] < self.crossover:
+            y = kernels.gemv(self.weight, rows.to(torch.float32))
+        else:
+            y = torch.mm(rows.to(torch.bfloat16), kernels.dequantize(self.weight, torch.bfloat16).T)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def embedding_rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows `ids` of the weight, dequantised (only those rows): the tied token embedding lookup."""
+        return kernels.dequantize(self.weight, dtype, rows=ids.reshape(-1).to(self.quants.device))
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.qtype.name}, crossover={self.crossover}"
+
+
+def embedding_rows(weight: QuantizedLinear, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[len(ids), in] rows of a quantised matrix (e.g. the tied embedding / LM head), dequantising only those."""
+    return weight.embedding_rows(ids, dtype)

@@ -1,0 +1,193 @@
+"""llama-bench-style latency: prompt processing (pp) and token generation (tg) tok/s, set against the roofline.
+
+pp: one forward pass over a prompt of `prompt_tokens` random token ids (logits for the last one only).
+tg: `gen_tokens` one-token forward passes from an empty cache, each feeding back the argmax.
+Both run straight on the model (no scheduler, no sampling), as llama-bench does. Next to them: the bytes a
+decode step must read (weights as held in memory + the average KV cache), this machine's measured read
+bandwidth and bf16 matmul FLOP/s, and the napkin decode ceiling = bandwidth / bytes per token.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from unittest import mock
+
+import torch
+
+from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, bytes_per_token
+from ridgeline.errors import RidgelineError
+from ridgeline.model import transformer
+from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
+from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
+from ridgeline.model.quant import QuantizedLinear
+from ridgeline.model.transformer import ModelOptions, Transformer
+from ridgeline.perf.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
+
+WEIGHT_MODES = ("quantized", "bf16", "f32")  # quantised in memory (f32 activations), or dequantised at load
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    model: str | None = None  # None: the bundled default model
+    prompt_tokens: int = 512
+    gen_tokens: int = 128
+    threads: int | None = None
+    repetitions: int = 3
+    weights: tuple[str, ...] = WEIGHT_MODES
+    seed: int = 0
+
+
+@dataclass
+class LatencyResult:
+    weights: str
+    threads: int
+    prompt_tokens: int
+    gen_tokens: int
+    pp_tok_s: list[float]
+    tg_tok_s: list[float]
+    weight_bytes: int  # read once per decode step: every matrix as held in memory, norms included
+    kv_bytes_per_step: float  # average KV cache read per tg step (context grows 0 .. gen_tokens)
+    read_bandwidth: float  # bytes/s, measured
+    matmul_flops: float  # bf16 FLOP/s, measured
+    linear_flops_per_token: float  # 2 x (linear-layer weights) for a prefill token; the LM head runs once per prompt
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.weight_bytes + self.kv_bytes_per_step
+
+    @property
+    def ceiling_tok_s(self) -> float:
+        return self.read_bandwidth / self.bytes_per_token
+
+    @property
+    def tg_fraction_of_ceiling(self) -> float:
+        return statistics.mean(self.tg_tok_s) / self.ceiling_tok_s
+
+    @property
+    def pp_fraction_of_peak(self) -> float:
+        return statistics.mean(self.pp_tok_s) * self.linear_flops_per_token / self.matmul_flops
+
+    def summary(self) -> dict:
+        def stat(values: list[float]) -> dict:
+            return {"mean": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "runs": values}
+
+        data = asdict(self)
+        data.update(pp_tok_s=stat(self.pp_tok_s), tg_tok_s=stat(self.tg_tok_s), bytes_per_token=self.bytes_per_token,
+                    ceiling_tok_s=self.ceiling_tok_s, tg_fraction_of_ceiling=self.tg_fraction_of_ceiling,
+                    pp_fraction_of_peak=self.pp_fraction_of_peak)
+        return data
+
+
+def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda _: None) -> list[LatencyResult]:
+    unknown = set(config.weights) - set(WEIGHT_MODES)
+    if unknown:
+        raise RidgelineError(f"unknown --weights {', '.join(sorted(unknown))} (choose from {', '.join(WEIGHT_MODES)})")
+    checkpoint = read_checkpoint(config.model)
+    if config.prompt_tokens + config.gen_tokens > checkpoint.config.max_context:
+        raise RidgelineError(f"-p + -n = {config.prompt_tokens + config.gen_tokens} exceeds the model's context of {checkpoint.config.max_context}")
+    with torch_threads(config.threads):
+        progress("measuring read bandwidth and matmul FLOP/s")
+        bandwidth, flops = measure_read_bandwidth(), measure_matmul_flops(torch.bfloat16)
+        results = []
+        for weights in config.weights:
+            progress(f"loading the model with {weights} weights")
+            model = build_model(checkpoint, weights)
+            results.append(_bench_model(model, weights, config, bandwidth, flops, progress))
+            del model
+    return results
+
+
+def build_model(checkpoint: Checkpoint, weights: str) -> Transformer:
+    """The model with its matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32."""
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    with _quantized_linears() if weights == "quantized" else _nothing():
+        return Transformer(checkpoint, ModelOptions(torch.device("cpu"), dtype))
+
+
+@contextmanager
+def _quantized_linears():
+    # The model builds its layers through make_linear, which dequantises at load; for this mode, swap in the
+    # quantised layer for every quantised matrix. (Once ModelOptions selects the weight format, use that.)
+    dense_linear = transformer.make_linear
+
+    def make_linear(weight, bias, dtype, device):
+        if not weight.is_quantized:
+            return dense_linear(weight, bias, dtype, device)
+        return QuantizedLinear.from_stored(weight, None if bias is None else bias.dequantize(), device)
+
+    with mock.patch.object(transformer, "make_linear", make_linear):
+        yield
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwidth: float, flops: float,
+                 progress: Callable[[str], None]) -> LatencyResult:
+    model_config = model.config
+    cache_config = KVCacheConfig(BLOCK_SIZE, "bf16", 0)
+    tokens = config.prompt_tokens + config.gen_tokens
+    num_blocks = -(-tokens // BLOCK_SIZE)
+    cache = KVCache(model_config, cache_config, num_blocks, torch.device("cpu"))
+    layers, table = cache.layers(), list(range(num_blocks))
+    generator = torch.Generator().manual_seed(config.seed)
+    prompt = torch.randint(0, model_config.vocab_size, (config.prompt_tokens,), generator=generator).tolist()
+
+    def forward(ids: list[int], start: int) -> torch.Tensor:
+        batch = AttentionBatch.build([SeqChunk(ids, start, table)], BLOCK_SIZE, model.windows, torch.device("cpu"))
+        return model(batch, layers)
+
+    def prefill() -> None:
+        forward(prompt, 0)
+
+    def generate(steps: int) -> None:
+        token = prompt[0]
+        for position in range(steps):
+            token = int(forward([token], position).argmax())
+
+    progress(f"{weights}: warming up")
+    forward(prompt[: min(32, len(prompt))], 0)
+    generate(2)
+    pp, tg = [], []
+    for repetition in range(config.repetitions):
+        progress(f"{weights}: pp{config.prompt_tokens} / tg{config.gen_tokens}, run {repetition + 1} of {config.repetitions}")
+        if config.prompt_tokens:
+            pp.append(config.prompt_tokens / _seconds(prefill))
+        if config.gen_tokens:
+            tg.append(config.gen_tokens / _seconds(lambda: generate(config.gen_tokens)))
+    linear_weights = sum(_weight_count(m) for name, m in model.named_modules() if _is_linear(m) and name != "lm_head")
+    return LatencyResult(
+        weights=weights, threads=torch.get_num_threads(),
+        prompt_tokens=config.prompt_tokens, gen_tokens=config.gen_tokens, pp_tok_s=pp or [0.0], tg_tok_s=tg or [0.0],
+        weight_bytes=_resident_weight_bytes(model),
+        kv_bytes_per_step=bytes_per_token(model_config, cache_config) * config.gen_tokens / 2,
+        read_bandwidth=bandwidth, matmul_flops=flops, linear_flops_per_token=2.0 * linear_weights,
+    )  # fmt: skip
+
+
+def _seconds(call: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _is_linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, QuantizedLinear) or hasattr(module, "weight") and isinstance(module.weight, torch.nn.Parameter) and module.weight.dim() == 2
+
+
+def _weight_count(module: torch.nn.Module) -> int:
+    if isinstance(module, QuantizedLinear):
+        return module.in_features * module.out_features
+    return module.weight.numel()
+
+
+def _resident_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every parameter and buffer: what a decode step streams (the embedding gather reads one row)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())

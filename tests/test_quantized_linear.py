@@ -1,0 +1,81 @@
+"""QuantizedLinear: a drop-in linear layer over a quantised GGUF weight, on either side of the crossover."""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from ridgeline.errors import UnsupportedError
+from ridgeline.model.quant import QuantizedLinear, embedding_rows
+from ridgeline.model.quant.random_blocks import random_stored
+from ridgeline.model.weights import StoredTensor
+
+OUT, IN = 24, 256
+
+
+@pytest.fixture
+def stored() -> StoredTensor:
+    return random_stored(T.Q4_K, (OUT, IN), seed=11)
+
+
+def relative_error(y: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((y.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_forward_matches_dequantised_linear_with_bias_on_both_paths(stored, rows):
+    bias = torch.randn(OUT)
+    x = torch.randn(rows, IN)
+    expected = torch.nn.functional.linear(x, stored.dequantize(), bias)
+    layer = QuantizedLinear.from_stored(stored, bias, crossover=8)  # 1, 5 rows: int8 gemv; 40: bf16 GEMM
+    y = layer(x)
+    assert y.shape == (rows, OUT) and y.dtype == torch.float32
+    # 8-bit activations (gemv) or bf16 operands (GEMM): both well under 2 % relative error.
+    assert relative_error(y, expected) < 0.02
+
+
+def test_output_keeps_input_dtype_and_leading_dims(stored):
+    layer = QuantizedLinear.from_stored(stored, crossover=4)
+    x = torch.randn(2, 3, IN)
+    y = layer(x.bfloat16())
+    assert y.shape == (2, 3, OUT) and y.dtype == torch.bfloat16
+    assert relative_error(y, x @ stored.dequantize().T) < 0.02
+
+
+def test_paths_agree_around_the_crossover(stored):
+    x = torch.randn(6, IN)
+    gemv = QuantizedLinear.from_stored(stored, crossover=7)(x)
+    gemm = QuantizedLinear.from_stored(stored, crossover=6)(x)
+    assert relative_error(gemv, gemm) < 0.02
+
+
+def test_crossover_defaults_to_a_measured_row_count(stored, tmp_path, monkeypatch):
+    from ridgeline.model.quant import crossover, kernels
+
+    monkeypatch.setattr(kernels, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(crossover, "measure_crossover", lambda qtype: {"crossover": 13})
+    crossover._in_process.clear()
+    layer = QuantizedLinear.from_stored(stored)
+    assert layer.crossover == (13 if kernels.compiled() is not None else 1)
+    if kernels.compiled() is not None:
+        assert "Q4_K" in (tmp_path / "crossover.json").read_text()
+    crossover._in_process.clear()
+
+
+def test_embedding_rows_dequantise_only_the_selected_rows(stored):
+    layer = QuantizedLinear.from_stored(stored, crossover=8)
+    ids = torch.tensor([[3, 0], [3, OUT - 1]])
+    rows = embedding_rows(layer, ids)
+    assert torch.equal(rows, stored.dequantize()[ids.reshape(-1)])
+    assert embedding_rows(layer, ids, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_memory_is_the_quantised_bytes(stored):
+    layer = QuantizedLinear.from_stored(stored, crossover=8)
+    assert layer.nbytes <= 1.03 * stored.nbytes
+    assert not any(p.dtype.is_floating_point and p.numel() >= OUT * IN for p in layer.buffers())
+
+
+def test_dense_weights_are_refused_with_a_clear_error():
+    dense = StoredTensor(T.F32, (4, 32), torch.zeros(4, 32))
+    with pytest.raises(UnsupportedError, match="F32"):
+        QuantizedLinear.from_stored(dense)
