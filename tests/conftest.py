@@ -1,4 +1,4 @@
-"""Fixtures shared across the suite: the real default model (loaded once) and tiny random models."""
+"""Fixtures shared across the suite: the real default model (loaded once per weight format) and tiny random models."""
 
 import pytest
 import torch
@@ -13,17 +13,16 @@ def default_checkpoint():
     return read_checkpoint()
 
 
-@pytest.fixture(scope="session")
-def default_model(default_checkpoint):
-    from ridgeline.model.transformer import ModelOptions, Transformer
-
-    return Transformer(default_checkpoint, ModelOptions())
-
-
-@pytest.fixture(scope="session")
-def default_runner(default_model):
+def make_runner(checkpoint, weights: str, num_blocks: int = 64):
     from ridgeline.engine.kv_cache import KVCache, KVCacheConfig
     from ridgeline.engine.model_runner import ModelRunner
+    from ridgeline.model.transformer import ModelOptions, Transformer
 
-    cache = KVCache(default_model.config, KVCacheConfig(dtype="fp32"), num_blocks=64, device=torch.device("cpu"))
-    return ModelRunner(default_model, cache)
+    model = Transformer(checkpoint, ModelOptions(weights=weights))
+    return ModelRunner(model, KVCache(model.config, KVCacheConfig(dtype="fp32"), num_blocks, torch.device("cpu")))
+
+
+@pytest.fixture(scope="session")
+def default_runner(default_checkpoint):
+    """The default model as the engine runs it: weights kept quantised, phase-aware kernels."""
+    return make_runner(default_checkpoint, "quantized")

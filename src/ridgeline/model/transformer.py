@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ridgeline.errors import ModelLoadError
+from ridgeline.errors import ModelLoadError, RidgelineError
 from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.checkpoint import Checkpoint
 from ridgeline.model.layers.attention import PagedAttention
 from ridgeline.model.layers.embedding import TokenEmbedding
-from ridgeline.model.layers.linear import make_linear
+from ridgeline.model.layers.linear import WEIGHT_FORMATS, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
@@ -24,7 +24,12 @@ from ridgeline.model.weights import StoredTensor
 @dataclass(frozen=True)
 class ModelOptions:
     device: torch.device = torch.device("cpu")
-    dtype: torch.dtype = torch.float32  # activation / compute dtype
+    dtype: torch.dtype = torch.float32  # activation dtype between layers
+    weights: str = "quantized"  # "quantized" (kept as stored), "bf16" or "f32" (dequantised at load)
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHT_FORMATS:
+            raise RidgelineError(f"unknown weight format {self.weights!r} (choose from {', '.join(WEIGHT_FORMATS)})")
 
 
 class DecoderLayer(nn.Module):
@@ -57,7 +62,7 @@ class Transformer(nn.Module):
 
         def linear(name: str) -> nn.Module:
             return make_linear(tensor(f"{name}.weight"), tensor(f"{name}.bias", required=False),
-                               options.dtype, options.device)
+                               options.weights, options.device)
 
         def norm(name: str) -> RMSNorm:
             return RMSNorm(tensor(name).dequantize().to(options.device), config.rms_norm_eps)
@@ -84,7 +89,7 @@ class Transformer(nn.Module):
         self.embedding = TokenEmbedding(tensor("token_embd.weight"), config.embedding_scale, options.dtype, options.device)
         self.norm = norm("output_norm.weight")
         head = "token_embd" if config.tie_word_embeddings else "output"
-        self.lm_head = make_linear(tensor(f"{head}.weight"), None, options.dtype, options.device)
+        self.lm_head = make_linear(tensor(f"{head}.weight"), None, options.weights, options.device)
 
         divisors = tensors.get("rope_freqs.weight")
         divisors = divisors.dequantize() if divisors is not None else None
