@@ -79,3 +79,11 @@ def test_dense_weights_are_refused_with_a_clear_error():
     dense = StoredTensor(T.F32, (4, 32), torch.zeros(4, 32))
     with pytest.raises(UnsupportedError, match="F32"):
         QuantizedLinear.from_stored(dense)
+
+
+def test_moving_or_casting_the_model_keeps_the_weight_intact(stored):
+    layer = QuantizedLinear.from_stored(stored, crossover=8)
+    x = torch.randn(2, IN)
+    before = layer(x)
+    layer.to(torch.device("cpu")).float()  # what a model-wide .to()/.float() does to every buffer
+    torch.testing.assert_close(layer(x), before)

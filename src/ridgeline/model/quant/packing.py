@@ -33,8 +33,9 @@ class PackedWeight:
     padded_in: int
     quants: torch.Tensor  # uint8 [out, padded_in] (8-bit) or [out, padded_in / 2] (nibbles)
     high: torch.Tensor  # uint8 [out, padded_in / 8] (5-bit) or [out, padded_in / 4] (6-bit)
-    d: torch.Tensor  # float16 [out, blocks of 32] (Q8_0/Q4_0/Q5_0) or [out, super-blocks of 256]
-    dmin: torch.Tensor  # float16 [out, super-blocks] (Q4_K/Q5_K)
+    # fp16 scales held as their int16 bit patterns, so a model-wide .float() / .to(dtype) leaves them alone
+    d: torch.Tensor  # [out, blocks of 32] (Q8_0/Q4_0/Q5_0) or [out, super-blocks of 256]
+    dmin: torch.Tensor  # [out, super-blocks] (Q4_K/Q5_K)
     sc: torch.Tensor  # uint8 [out, 32-wide sub-blocks] (Q4_K/Q5_K) or int8 [out, 16-wide sub-blocks] (Q6_K)
     m: torch.Tensor  # uint8 [out, 32-wide sub-blocks] (Q4_K/Q5_K)
 
@@ -76,7 +77,9 @@ def pack(weight: StoredTensor) -> PackedWeight:
 
     def plane(name: str) -> torch.Tensor:
         array = scales.get(name)
-        return torch.empty(0, dtype=torch.uint8) if array is None else torch.from_numpy(np.ascontiguousarray(array))
+        if array is None:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.from_numpy(np.ascontiguousarray(array.view(np.int16) if array.dtype == np.float16 else array))
 
     return PackedWeight(
         weight.qtype, out_features, in_features, padded_in,
@@ -202,7 +205,7 @@ def _unsigned_quants(weight: PackedWeight) -> torch.Tensor:
 
 
 def _group_scales(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    d = weight.d.to(torch.float32)
+    d = weight.d.view(torch.float16).to(torch.float32)
     if weight.qtype in SIMPLE_OFFSETS:
         a = d.repeat_interleave(2, dim=1)
         return a, a * SIMPLE_OFFSETS[weight.qtype]
@@ -210,5 +213,5 @@ def _group_scales(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
         a = d.repeat_interleave(16, dim=1) * weight.sc.to(torch.float32)
         return a, a * Q6_K_OFFSET
     a = (d.repeat_interleave(8, dim=1) * weight.sc.to(torch.float32)).repeat_interleave(2, dim=1)
-    b = (weight.dmin.to(torch.float32).repeat_interleave(8, dim=1) * weight.m.to(torch.float32)).repeat_interleave(2, dim=1)
+    b = (weight.dmin.view(torch.float16).to(torch.float32).repeat_interleave(8, dim=1) * weight.m.to(torch.float32)).repeat_interleave(2, dim=1)
     return a, b

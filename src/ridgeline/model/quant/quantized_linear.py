@@ -5,6 +5,8 @@ Many rows (prefill) are compute-bound: dequantise the weight to bf16 once for th
 The switch point is measured per machine (crossover.py), not guessed.
 """
 
+import functools
+
 import torch
 from torch import nn
 
@@ -26,7 +28,16 @@ class QuantizedLinear(nn.Module):
         for name, plane in zip(_PLANE_NAMES, weight.planes):
             self.register_buffer(name, plane, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32), persistent=False)
+        self._bind(weight)
+
+    def _bind(self, weight: PackedWeight) -> None:
+        # Resolve the kernel once, not per call: a decode step makes ~130 of these calls.
         self.weight = weight
+        self._gemv = functools.partial(kernels.gemv, weight)
+        module = kernels.compiled() if kernels.uses_compiled_kernels(weight) else None
+        if module is not None:
+            planes, qtype, padded_in = weight.planes, int(weight.qtype), weight.padded_in
+            self._gemv = lambda x: module.gemv(qtype, x, *planes, padded_in)
 
     @classmethod
     def from_stored(
@@ -45,13 +56,13 @@ class QuantizedLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)  # moves the plane buffers; rebuild the view the kernels take
         planes = [getattr(self, name) for name in _PLANE_NAMES]
-        self.weight = PackedWeight(self.qtype, self.out_features, self.in_features, self.padded_in, *planes)
+        self._bind(PackedWeight(self.qtype, self.out_features, self.in_features, self.padded_in, *planes))
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] < self.crossover:
-            y = kernels.gemv(self.weight, rows.to(torch.float32))
+            y = self._gemv(rows.to(torch.float32))
         else:
             y = torch.mm(rows.to(torch.bfloat16), kernels.dequantize(self.weight, torch.bfloat16).T)
         if self.bias is not None:
