@@ -142,8 +142,9 @@ inline void dot_row(const Row& w, int64_t chunks, const QuantizedActivation* x, 
     // Lane i of a VPDPBUSD result sums weights 4i..4i+3 of a 64-weight vector: group i/4 of that half.
     const __m512i lanes_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i lanes_hi = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-    __m512 acc[MT];
-    for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
+    // Two accumulators per activation row: independent FMA chains, so consecutive chunks overlap.
+    __m512 acc_lo[MT], acc_hi[MT];
+    for (int t = 0; t < MT; ++t) acc_lo[t] = acc_hi[t] = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
         __m512i u0, u1;
         __m256 a, b;
@@ -157,12 +158,13 @@ inline void dot_row(const Row& w, int64_t chunks, const QuantizedActivation* x, 
             const __m512 f = _mm512_castps256_ps512(factor);
             const __m512i dot0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(q));
             const __m512i dot1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(q + 64));
-            __m512 sum = _mm512_sub_ps(acc[t], _mm512_zextps256_ps512(offset));  // the b*u offsets, folded in
-            sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(lanes_lo, f), sum);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(lanes_hi, f), sum);
+            const __m512 lo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(lanes_lo, f),
+                                              _mm512_zextps256_ps512(offset));  // the b*u offsets, folded in
+            acc_lo[t] = _mm512_add_ps(acc_lo[t], lo);
+            acc_hi[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(lanes_hi, f), acc_hi[t]);
         }
     }
-    for (int t = 0; t < MT; ++t) out[t][n] = _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < MT; ++t) out[t][n] = _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[t], acc_hi[t]));
 }
 
 constexpr int kMaxTile = 4;
