@@ -95,3 +95,28 @@ async def scenario(url: str) -> None:
 def test_dropped_streams_are_aborted_and_free_their_blocks():
     with serve_tiny_model() as server:
         asyncio.run(scenario(server.url))
+
+
+async def abandon_a_whole_response(url: str) -> dict[str, float]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        body = {"prompt": "a long answer nobody waits for", "max_tokens": 480, "n": 8, "ignore_eos": True}
+        try:
+            await client.post("/v1/completions", json=body, timeout=0.3)
+        except httpx.TimeoutException:
+            pass  # the client gives up and closes the connection
+        else:
+            raise AssertionError("the request finished before the client gave up; make it longer")
+        for _ in range(200):
+            final = await metrics(client)
+            if final.get("ridgeline_request_success_total:abort") == 8:
+                break
+            await asyncio.sleep(0.02)
+        return final
+
+
+def test_an_abandoned_non_streaming_request_is_aborted_too():
+    with serve_tiny_model() as server:
+        final = asyncio.run(abandon_a_whole_response(server.url))
+    assert final["ridgeline_request_success_total:abort"] == 8
+    assert final["ridgeline_request_success_total:length"] == 0
+    assert final["ridgeline_kv_cache_free_blocks"] == final["ridgeline_kv_cache_total_blocks"]
