@@ -30,7 +30,7 @@ def latency_command(
     first = results[0]
     table = Table(title=f"ridgeline bench latency ({first.threads} threads)")
     for column in ("weights", f"pp{config.prompt_tokens} tok/s", f"tg{config.gen_tokens} tok/s", "bytes/token",
-                   "ceiling tok/s", "tg % ceiling", "pp % peak"):
+                   "ceiling tok/s", "tg % ceiling", "pp % peak", "tg step: linear / other ms"):
         table.add_column(column, justify="right")
     for r in results:
         s = r.summary()
@@ -42,9 +42,11 @@ def latency_command(
             f"{r.ceiling_tok_s:.1f}",
             f"{r.tg_fraction_of_ceiling:.0%}",
             f"{r.pp_fraction_of_peak:.0%}",
+            f"{r.tg_linear_ms:.1f} / {r.tg_step_ms - r.tg_linear_ms:.1f}",
         )
     out = Console()
     out.print(table)
     out.print(f"measured read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, bf16 matmul {first.matmul_flops / 1e9:.0f} GFLOP/s; "
               "ceiling = bandwidth / bytes per decode token (weights + average KV cache); "
-              "pp % peak counts linear-layer FLOPs only.")
+              "pp % peak counts linear-layer FLOPs only; 'other' = everything outside the linear layers "
+              "(attention, norms, RoPE, Python).")

@@ -11,16 +11,15 @@ import statistics
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from unittest import mock
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, bytes_per_token
 from ridgeline.errors import RidgelineError
-from ridgeline.model import transformer
 from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
 from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
+from ridgeline.model.layers.linear import DenseLinear
 from ridgeline.model.quant import QuantizedLinear
 from ridgeline.model.transformer import ModelOptions, Transformer
 from ridgeline.perf.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
@@ -53,7 +52,8 @@ class LatencyResult:
     read_bandwidth: float  # bytes/s, measured
     matmul_flops: float  # bf16 FLOP/s, measured
     linear_flops_per_token: float  # 2 x (linear-layer weights) for a prefill token; the LM head runs once per prompt
-    extra: dict = field(default_factory=dict)
+    tg_step_ms: float  # one decode step, from an extra instrumented tg run ...
+    tg_linear_ms: float  # ... of which inside the linear layers (matmul kernels + their call overhead)
 
     @property
     def bytes_per_token(self) -> float:
@@ -103,29 +103,7 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
 
 def build_model(checkpoint: Checkpoint, weights: str) -> Transformer:
     """The model with its matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32."""
-    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
-    with _quantized_linears() if weights == "quantized" else _nothing():
-        return Transformer(checkpoint, ModelOptions(torch.device("cpu"), dtype))
-
-
-@contextmanager
-def _quantized_linears():
-    # The model builds its layers through make_linear, which dequantises at load; for this mode, swap in the
-    # quantised layer for every quantised matrix. (Once ModelOptions selects the weight format, use that.)
-    dense_linear = transformer.make_linear
-
-    def make_linear(weight, bias, dtype, device):
-        if not weight.is_quantized:
-            return dense_linear(weight, bias, dtype, device)
-        return QuantizedLinear.from_stored(weight, None if bias is None else bias.dequantize(), device)
-
-    with mock.patch.object(transformer, "make_linear", make_linear):
-        yield
-
-
-@contextmanager
-def _nothing():
-    yield
+    return Transformer(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights))
 
 
 def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwidth: float, flops: float,
@@ -139,20 +117,20 @@ def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwi
     generator = torch.Generator().manual_seed(config.seed)
     prompt = torch.randint(0, model_config.vocab_size, (config.prompt_tokens,), generator=generator).tolist()
 
-    def forward(ids: list[int], start: int) -> torch.Tensor:
-        batch = AttentionBatch.build([SeqChunk(ids, start, table)], BLOCK_SIZE, model.windows, torch.device("cpu"))
-        return model(batch, layers)
+    def forward(ids: list[int], start: int, num_prompt_tokens: int | None) -> torch.Tensor:
+        chunk = SeqChunk(ids, start, table, num_prompt_tokens=num_prompt_tokens)
+        return model(AttentionBatch.build([chunk], BLOCK_SIZE, model.windows, torch.device("cpu")), layers)
 
     def prefill() -> None:
-        forward(prompt, 0)
+        forward(prompt, 0, None)  # prompt rows: the compute-bound path
 
     def generate(steps: int) -> None:
         token = prompt[0]
-        for position in range(steps):
-            token = int(forward([token], position).argmax())
+        for position in range(steps):  # generated rows: the memory-bound path
+            token = int(forward([token], position, 0).argmax())
 
     progress(f"{weights}: warming up")
-    forward(prompt[: min(32, len(prompt))], 0)
+    forward(prompt[: min(32, len(prompt))], 0, None)
     generate(2)
     pp, tg = [], []
     for repetition in range(config.repetitions):
@@ -161,14 +139,42 @@ def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwi
             pp.append(config.prompt_tokens / _seconds(prefill))
         if config.gen_tokens:
             tg.append(config.gen_tokens / _seconds(lambda: generate(config.gen_tokens)))
-    linear_weights = sum(_weight_count(m) for name, m in model.named_modules() if _is_linear(m) and name != "lm_head")
+    linear_weights = sum(_weight_count(m) for name, m in model.named_modules() if "lm_head" not in name)
+    steps = max(1, min(config.gen_tokens, 32))
+    with _timed_linears(model) as linear_seconds:
+        step_seconds = _seconds(lambda: generate(steps)) / steps
     return LatencyResult(
         weights=weights, threads=torch.get_num_threads(),
         prompt_tokens=config.prompt_tokens, gen_tokens=config.gen_tokens, pp_tok_s=pp or [0.0], tg_tok_s=tg or [0.0],
         weight_bytes=_resident_weight_bytes(model),
         kv_bytes_per_step=bytes_per_token(model_config, cache_config) * config.gen_tokens / 2,
         read_bandwidth=bandwidth, matmul_flops=flops, linear_flops_per_token=2.0 * linear_weights,
+        tg_step_ms=1e3 * step_seconds, tg_linear_ms=1e3 * linear_seconds[0] / steps,
     )  # fmt: skip
+
+
+@contextmanager
+def _timed_linears(model: torch.nn.Module):
+    """Accumulate the wall time spent inside every linear layer's forward (a one-element list, in seconds)."""
+    total = [0.0]
+    linears = _outermost_linears(model)
+
+    def timed(forward):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            y = forward(*args, **kwargs)
+            total[0] += time.perf_counter() - start
+            return y
+
+        return call
+
+    for module in linears:
+        module.forward = timed(module.forward)
+    try:
+        yield total
+    finally:
+        for module in linears:
+            del module.forward  # back to the class's forward
 
 
 def _seconds(call: Callable[[], None]) -> float:
@@ -177,14 +183,22 @@ def _seconds(call: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def _is_linear(module: torch.nn.Module) -> bool:
-    return isinstance(module, QuantizedLinear) or hasattr(module, "weight") and isinstance(module.weight, torch.nn.Parameter) and module.weight.dim() == 2
+def _outermost_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every linear layer of the model (DenseLinear, QuantizedLinear, or a wrapper around one), once."""
+    found: dict[str, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer in found)
+        if type(module).__name__.endswith("Linear") and not inside:
+            found[name] = module
+    return list(found.values())
 
 
 def _weight_count(module: torch.nn.Module) -> int:
     if isinstance(module, QuantizedLinear):
         return module.in_features * module.out_features
-    return module.weight.numel()
+    if isinstance(module, DenseLinear):
+        return module.weight.numel()
+    return 0
 
 
 def _resident_weight_bytes(model: torch.nn.Module) -> int:

@@ -60,14 +60,23 @@ class QuantizedLinear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Path by row count (the measured crossover); the model instead picks per row (layers/linear.py)."""
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] < self.crossover:
-            y = self._gemv(rows.to(torch.float32))
-        else:
-            y = torch.mm(rows.to(torch.bfloat16), kernels.dequantize(self.weight, torch.bfloat16).T)
+        y = self.memory_bound(rows) if rows.shape[0] < self.crossover else self.compute_bound(rows)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def memory_bound(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] -> [M, out]: stream the quantised weight once, int8 dot products (decode, few rows)."""
+        return self._finish(self._gemv(x.to(torch.float32)), x.dtype)
+
+    def compute_bound(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] -> [M, out]: dequantise to bf16 once for this call, then a GEMM (prefill, many rows)."""
+        return self._finish(torch.mm(x.to(torch.bfloat16), kernels.dequantize(self.weight, torch.bfloat16).T), x.dtype)
+
+    def _finish(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y.to(dtype)
 
     def embedding_rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows `ids` of the weight, dequantised (only those rows): the tied token embedding lookup."""
