@@ -56,12 +56,12 @@ def test_token_by_token_decode_agrees_with_llamacpp(runner, case):
     blocks = list(range(-(-len(ids) // runner.kv_cache.block_size)))
     prompt_len = len(case["prompt_ids"])
     errors = []
-    row = runner.run([SeqChunk(case["prompt_ids"], 0, blocks)])[0][0]
+    row = runner.run([SeqChunk(case["prompt_ids"], 0, blocks, num_prompt_tokens=prompt_len)])[0][0]
     for step, trace in enumerate(case["trace"]):
         check_step(row, trace, step, errors)
         position = prompt_len + step
         if position < len(ids):
-            row = runner.run([SeqChunk([ids[position]], position, blocks)])[0][0]
+            row = runner.run([SeqChunk([ids[position]], position, blocks, num_prompt_tokens=prompt_len)])[0][0]
     check_errors(errors)
 
 

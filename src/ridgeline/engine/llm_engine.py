@@ -156,7 +156,8 @@ class LLMEngine:
         state = self._states.get(chunk.seq.request_id)
         wants_prompt_logits = (state is not None and state.prompt_logprobs is not None
                                and chunk.start < chunk.seq.num_prompt_tokens)
-        return SeqChunk(chunk.token_ids, chunk.start, list(chunk.block_table), all_logits=wants_prompt_logits)
+        return SeqChunk(chunk.token_ids, chunk.start, list(chunk.block_table), all_logits=wants_prompt_logits,
+                        num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     def _collect_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
         """Logits at position p score prompt token p+1; gathered chunk by chunk, once (not again after preemption)."""

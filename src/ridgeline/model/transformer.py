@@ -14,7 +14,7 @@ from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.checkpoint import Checkpoint
 from ridgeline.model.layers.attention import PagedAttention
 from ridgeline.model.layers.embedding import TokenEmbedding
-from ridgeline.model.layers.linear import WEIGHT_FORMATS, make_linear
+from ridgeline.model.layers.linear import WEIGHT_FORMATS, RowPaths, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
@@ -43,7 +43,7 @@ class DecoderLayer(nn.Module):
         if self.post_attn_norm is not None:
             attended = self.post_attn_norm(attended)
         h = h + attended
-        mixed = self.mlp(self.ffn_norm(h))
+        mixed = self.mlp(self.ffn_norm(h), batch.row_paths)
         if self.post_ffn_norm is not None:
             mixed = self.post_ffn_norm(mixed)
         return h + mixed
@@ -109,5 +109,7 @@ class Transformer(nn.Module):
             rope = rope_local if self.config.is_sliding(i) else rope_global
             h = layer(h, rope, batch, kv_cache[i])
         h = self.norm(h[batch.logit_rows])
-        return self.lm_head(h).float()
+        # Logit rows always take the memory-bound path: the head is 262k rows here, and dequantising it for a
+        # GEMM would cost more than it saves; one path also keeps every row's logits batch-independent.
+        return self.lm_head(h, RowPaths.memory_bound(h.shape[0])).float()
 

@@ -22,9 +22,10 @@ class PagedAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch,
                 cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         tokens = x.shape[0]
-        q = self.q(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v(x).view(tokens, self.num_kv_heads, self.head_dim)
+        paths = batch.row_paths
+        q = self.q(x, paths).view(tokens, self.num_heads, self.head_dim)
+        k = self.k(x, paths).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v(x, paths).view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -33,28 +34,17 @@ class PagedAttention(nn.Module):
         k_cache.index_copy_(0, batch.slot_mapping, k.to(k_cache.dtype))
         v_cache.index_copy_(0, batch.slot_mapping, v.to(v_cache.dtype))
 
-        view = batch.views[self.window]
         out = torch.empty_like(q)
-        if batch.num_single:
-            out[: batch.num_single] = self._single_rows(q[: batch.num_single], view, k_cache, v_cache)
-        for chunk in view.prefills:
-            out[chunk.rows] = self._chunk(q[chunk.rows], chunk.kv_slots, chunk.mask, k_cache, v_cache)
-        return self.o(out.view(tokens, -1))
+        for chunk in batch.views[self.window]:
+            keys = k_cache[chunk.kv_slots].to(q.dtype).transpose(0, 1)  # [kv_heads, keys, head_dim]
+            values = v_cache[chunk.kv_slots].to(q.dtype).transpose(0, 1)
+            for tile in chunk.tiles:
+                out[tile.rows] = self._tile(q[tile.rows], keys[:, tile.keys], values[:, tile.keys], tile.mask)
+        return self.o(out.view(tokens, -1), paths)
 
-    def _single_rows(self, q, view, k_cache, v_cache):
-        """All 1-token queries at once: [S, kv_heads, groups, d] against their padded key ranges."""
-        rows = q.shape[0]
-        keys = k_cache[view.single_kv_slots].to(q.dtype).permute(0, 2, 1, 3)  # [S, kvh, L, d]
-        values = v_cache[view.single_kv_slots].to(q.dtype).permute(0, 2, 1, 3)
-        queries = q.view(rows, self.num_kv_heads, self.groups, self.head_dim)
-        out = sdpa(queries, keys, values, attn_mask=view.single_mask, scale=self.scale)
-        return out.reshape(rows, self.num_heads, self.head_dim)
-
-    def _chunk(self, q, kv_slots, mask, k_cache, v_cache):
-        """One sequence's chunk; the query heads sharing a KV head are laid out as extra queries (fast GQA)."""
+    def _tile(self, q, keys, values, mask):
+        """The query heads sharing a KV head are laid out as extra queries (fast GQA)."""
         length = q.shape[0]
-        keys = k_cache[kv_slots].to(q.dtype).transpose(0, 1)  # [kvh, Lk, d]
-        values = v_cache[kv_slots].to(q.dtype).transpose(0, 1)
         queries = q.view(length, self.num_kv_heads, self.groups, self.head_dim).permute(1, 2, 0, 3)
         queries = queries.reshape(self.num_kv_heads, self.groups * length, self.head_dim)
         out = sdpa(queries, keys, values, attn_mask=mask.repeat(self.groups, 1), scale=self.scale)

@@ -2,7 +2,14 @@
 
 How a weight is held is the model's `weights` option: "quantized" keeps GGUF blocks quantised in memory and runs
 the phase-aware kernels (model/quant); "bf16" and "f32" dequantise once at load (the reference and comparison paths).
+
+A quantised matmul has two paths, the seed's two phases made into code: rows of prompt tokens (prefill) take the
+compute-bound path (dequantise to bf16, GEMM), rows of generated tokens (decode) the memory-bound one (stream the
+quantised bytes once, int8 dot products). The path follows what a row *is*, never how many rows share the step:
+both paths give each row the same bits whatever the row count, so a request's tokens do not depend on its batch.
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -13,6 +20,27 @@ from ridgeline.model.weights import StoredTensor
 WEIGHT_FORMATS = {"quantized": None, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
+@dataclass(frozen=True)
+class RowPaths:
+    """Which rows of a step's activations are prompt rows (compute-bound path); the rest are generated rows."""
+
+    num_rows: int
+    compute_rows: torch.Tensor | None  # None when the split is all-or-nothing
+    memory_rows: torch.Tensor | None
+    all_compute: bool
+
+    @staticmethod
+    def from_prompt_mask(is_prompt: torch.Tensor) -> "RowPaths":
+        prompt_count = int(is_prompt.sum())
+        if prompt_count in (0, len(is_prompt)):
+            return RowPaths(len(is_prompt), None, None, prompt_count > 0)
+        return RowPaths(len(is_prompt), is_prompt.nonzero().squeeze(1), (~is_prompt).nonzero().squeeze(1), False)
+
+    @staticmethod
+    def memory_bound(num_rows: int) -> "RowPaths":
+        return RowPaths(num_rows, None, None, False)
+
+
 class DenseLinear(nn.Module):
     """Weights dequantised once to a dense dtype; activations are cast to it and back."""
 
@@ -21,12 +49,29 @@ class DenseLinear(nn.Module):
         self.weight = nn.Parameter(weight.dequantize(dtype).to(device), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.dequantize(dtype).to(device), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, paths: RowPaths) -> torch.Tensor:
         return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
+class PhaseAwareLinear(nn.Module):
+    """A QuantizedLinear driven by RowPaths instead of by row count."""
+
+    def __init__(self, quantized: QuantizedLinear):
+        super().__init__()
+        self.quantized = quantized
+
+    def forward(self, x: torch.Tensor, paths: RowPaths) -> torch.Tensor:
+        layer = self.quantized
+        if paths.compute_rows is None:
+            return layer.compute_bound(x) if paths.all_compute else layer.memory_bound(x)
+        out = x.new_empty(x.shape[0], layer.out_features)
+        out[paths.compute_rows] = layer.compute_bound(x[paths.compute_rows])
+        out[paths.memory_rows] = layer.memory_bound(x[paths.memory_rows])
+        return out
 
 
 def make_linear(weight: StoredTensor, bias: StoredTensor | None, weights: str, device: torch.device) -> nn.Module:
     if weights == "quantized" and weight.is_quantized:
-        return QuantizedLinear.from_stored(weight, None if bias is None else bias.dequantize(), device)
+        return PhaseAwareLinear(QuantizedLinear.from_stored(weight, None if bias is None else bias.dequantize(), device))
     dense_dtype = WEIGHT_FORMATS[weights] or torch.float32  # a dense stored tensor under "quantized": keep f32
     return DenseLinear(weight, bias, dense_dtype, device)

@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from ridgeline.model.layers.linear import RowPaths
+
 ACTIVATIONS = {
     "silu": nn.functional.silu,
     "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
@@ -15,5 +17,5 @@ class GatedMLP(nn.Module):
         self.gate, self.up, self.down = gate, up, down
         self.activation = ACTIVATIONS[activation]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.activation(self.gate(x)) * self.up(x))
+    def forward(self, x: torch.Tensor, paths: RowPaths) -> torch.Tensor:
+        return self.down(self.activation(self.gate(x, paths)) * self.up(x, paths), paths)
