@@ -21,10 +21,12 @@ from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.sequence import Sequence
 
 BLOCK_SIZE = 4
-NUM_BLOCKS = 12  # small, so allocations fail and cached blocks get evicted
-# A few shared beginnings (over several blocks) so that random prompts hit each other's cached blocks.
-PREFIXES = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [5, 6, 7, 8, 1, 2, 3, 4], [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4], [9]]
-tails = st.lists(st.integers(0, 3), max_size=10)
+NUM_BLOCKS = 10  # small, so allocations fail and named blocks are evicted mid-run
+# Prompts are strung together from a few pieces, so they often share prefixes (and often end on a block
+# boundary): hits, shared blocks and evictions of blocks that are still named are all common.
+PIECES = [[1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8], [9], [9, 9, 9]]
+prompts = st.lists(st.sampled_from(PIECES), min_size=1, max_size=4).map(lambda pieces: sum(pieces, []))
+tails = st.lists(st.integers(0, 3), max_size=6)
 chunk_sizes = st.integers(1, 20)
 
 
@@ -37,6 +39,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.pending: dict[Sequence, int] = {}  # tokens allocated for but not computed yet (a forward pass in flight)
         self.written: list[list[int | None]] = [[None] * BLOCK_SIZE for _ in range(NUM_BLOCKS)]  # shadow KV
         self.num_requests = 0
+        self.released_token_ids: list[list[int]] = []  # for later requests that repeat them: hits or evicted
 
     def _new_sequence(self, token_ids: list[int]) -> Sequence:
         self.num_requests += 1
@@ -45,7 +48,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def _state(self) -> tuple:
         return (list(self.blocks.ref_counts), self.blocks.num_free_blocks, [list(s.block_table) for s in self.live])
 
-    def _admit(self, seq: Sequence, chunk: int) -> None:
+    def _admit(self, seq: Sequence, chunk: int, write_now: bool) -> None:
         hits = self.blocks.find_cached_prefix(seq)
         num_cached = len(hits) * BLOCK_SIZE
         assert num_cached <= seq.num_tokens - 1, "the last token must always be computed"
@@ -57,32 +60,21 @@ class BlockPoolMachine(RuleBasedStateMachine):
             seq.num_computed_tokens = num_cached
             self.live.append(seq)
             self.pending[seq] = num_new
+            if write_now:
+                self._write(seq)
         else:
             assert self._state() == before, "a failed allocation must change nothing"
             self.parked.append(seq)
 
     def _release(self, seq: Sequence) -> None:
+        self.released_token_ids.append(list(seq.token_ids))
         self.blocks.free(seq)
         assert seq.block_table == []
         self.live.remove(seq)
         self.pending.pop(seq, None)
 
-    @rule(prefix=st.sampled_from(PREFIXES), tail=tails, chunk=chunk_sizes)
-    def admit_new(self, prefix: list[int], tail: list[int], chunk: int) -> None:
-        self._admit(self._new_sequence(prefix + tail), chunk)
-
-    @precondition(lambda self: self.parked)
-    @rule(data=st.data(), chunk=chunk_sizes)
-    def readmit(self, data: st.DataObject, chunk: int) -> None:
-        seq = data.draw(st.sampled_from(self.parked))
-        self.parked.remove(seq)
-        self._admit(seq, chunk)
-
-    @precondition(lambda self: any(self.pending.get(s) for s in self.live))
-    @rule(data=st.data())
-    def compute(self, data: st.DataObject) -> None:
-        """The forward pass writes the allocated tokens' KV, then the filled blocks are named."""
-        seq = data.draw(st.sampled_from([s for s in self.live if self.pending.get(s)]))
+    def _write(self, seq: Sequence) -> None:
+        """The forward pass writes the allocated tokens' KV, then the blocks it filled are named."""
         start, num_new = seq.num_computed_tokens, self.pending.pop(seq)
         for pos in range(start, start + num_new):
             block_id = seq.block_table[pos // BLOCK_SIZE]
@@ -92,9 +84,31 @@ class BlockPoolMachine(RuleBasedStateMachine):
         self.blocks.cache_blocks(seq, start, start + num_new)
         seq.num_computed_tokens = start + num_new
 
+    # write_now=False leaves the forward pass in flight, so other rules (abort, eviction...) can cut in first.
+    @rule(prompt=prompts, chunk=chunk_sizes, write_now=st.booleans())
+    def admit_new(self, prompt: list[int], chunk: int, write_now: bool) -> None:
+        self._admit(self._new_sequence(prompt), chunk, write_now)
+
+    @precondition(lambda self: self.released_token_ids)
+    @rule(data=st.data(), chunk=chunk_sizes, write_now=st.booleans())
+    def repeat_a_released_request(self, data: st.DataObject, chunk: int, write_now: bool) -> None:
+        self._admit(self._new_sequence(data.draw(st.sampled_from(self.released_token_ids))), chunk, write_now)
+
+    @precondition(lambda self: self.parked)
+    @rule(data=st.data(), chunk=chunk_sizes, write_now=st.booleans())
+    def readmit(self, data: st.DataObject, chunk: int, write_now: bool) -> None:
+        seq = data.draw(st.sampled_from(self.parked))
+        self.parked.remove(seq)
+        self._admit(seq, chunk, write_now)
+
+    @precondition(lambda self: any(self.pending.get(s) for s in self.live))
+    @rule(data=st.data())
+    def finish_forward_pass(self, data: st.DataObject) -> None:
+        self._write(data.draw(st.sampled_from([s for s in self.live if self.pending.get(s)])))
+
     @precondition(lambda self: any(not self.pending.get(s) for s in self.live))
-    @rule(data=st.data(), chunk=chunk_sizes, token=st.integers(0, 3))
-    def grow(self, data: st.DataObject, chunk: int, token: int) -> None:
+    @rule(data=st.data(), chunk=chunk_sizes, token=st.integers(0, 3), write_now=st.booleans())
+    def grow(self, data: st.DataObject, chunk: int, token: int, write_now: bool) -> None:
         """Next prefill chunk, or a decode step (sample a token, then make room for it); preempt when full."""
         seq = data.draw(st.sampled_from([s for s in self.live if not self.pending.get(s)]))
         if seq.num_uncomputed_tokens == 0:
@@ -102,6 +116,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
         num_new = min(chunk, seq.num_uncomputed_tokens)
         if self.blocks.allocate(seq, num_new):
             self.pending[seq] = num_new
+            if write_now:
+                self._write(seq)
         else:
             self._release(seq)
             seq.num_computed_tokens = 0
