@@ -67,3 +67,13 @@ def test_preemption_under_tiny_kv_budget_equals_alone(prompts, alone):
     assert run_batch(llm, prompts) == alone
     assert llm.engine.stats().num_preemptions > 0
     assert llm.engine.stats().num_free_blocks == llm.engine.num_blocks
+
+
+def test_prompt_logprobs_are_complete_even_when_the_prompt_is_cached(prompts):
+    llm = LLM(config=EngineConfig())
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2)
+    prompt = prompts[-1]
+    first, second = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
+    assert len(first.prompt_logprobs) == len(second.prompt_logprobs) == len(prompt) - 1
+    assert [p.token_id for p in second.prompt_logprobs] == prompt[1:]
+    assert [p.logprob for p in first.prompt_logprobs] == [p.logprob for p in second.prompt_logprobs]

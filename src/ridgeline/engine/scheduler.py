@@ -147,7 +147,9 @@ class Scheduler:
         # Admit in arrival order; none after a preemption (the pool is already short).
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            cached_blocks = self.block_manager.find_cached_prefix(seq)
+            # Prompt logprobs need logits at every prompt position, so such a request computes its whole prompt.
+            wants_prompt_logits = seq.sampling_params.prompt_logprobs is not None
+            cached_blocks = [] if wants_prompt_logits else self.block_manager.find_cached_prefix(seq)
             num_cached = len(cached_blocks) * self.config.block_size
             num_tokens = self._chunk_size(seq.num_tokens - num_cached, budget)
             if num_tokens == 0 or not self.block_manager.allocate(seq, num_tokens, cached_blocks):
