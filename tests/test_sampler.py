@@ -1,11 +1,13 @@
 """Batched sampler: greedy is argmax, filters keep the right tokens, penalties change logits as
 specified, seeded rows are reproducible whatever the batch, and draws follow the distribution."""
 
+import math
+
 import pytest
 import torch
 
 from ridgeline.engine import sampler as sampler_module
-from ridgeline.engine.sampler import Sampler, apply_penalties, apply_top_k_top_p, prompt_logprobs
+from ridgeline.engine.sampler import Sampler, apply_penalties, apply_top_k_top_p, prompt_logprobs, sample_from_logits
 from ridgeline.engine.sampling_params import SamplingParams
 
 
@@ -50,14 +52,27 @@ def test_sampling_that_keeps_only_the_most_likely_token_equals_greedy(params):
         assert sample(logits, params, sampler=Sampler(seed=sampler_seed)).token_ids == logits.argmax(dim=-1).tolist()
 
 
-def test_sampled_and_greedy_rows_in_one_batch_and_input_logits_are_not_modified():
+def test_mixed_batch_greedy_rows_are_argmax_of_their_own_penalised_logits_and_input_is_not_modified():
     logits = random_logits(4, 200, seed=3)
     before = logits.clone()
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=5, top_p=0.8, min_p=0.1),
-              SamplingParams(temperature=0.0, repetition_penalty=1.3), SamplingParams(temperature=2.0, presence_penalty=1.0)]
-    result = sample(logits, params, outputs=[[1], [2], [3], [4]], prompts=[[5], [6], [7], [8]])
-    assert result.token_ids[0] == logits[0].argmax().item()
+    favourites = logits.argmax(dim=-1).tolist()
+    params = [SamplingParams(temperature=0.0, frequency_penalty=2.0), SamplingParams(temperature=1.0, top_k=5, top_p=0.8),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=2.0, presence_penalty=1.0, min_p=0.1)]
+    # Row 0 has generated its favourite token 5 times, so the penalty must move its greedy choice;
+    # row 2 has no penalty, so its own repeated favourite stays its choice.
+    outputs = [[favourites[0]] * 5, [favourites[1]], [favourites[2]] * 5, [favourites[3]]]
+    result = sample(logits, params, outputs=outputs, prompts=[[5], [6], [7], [8]])
+    penalised = logits[0].clone()
+    penalised[favourites[0]] -= 2.0 * 5
+    assert result.token_ids[0] == penalised.argmax().item() != favourites[0]
+    assert result.token_ids[2] == favourites[2]
     assert torch.equal(logits, before)
+
+
+def test_a_uniform_at_the_top_of_the_range_picks_the_last_token_with_positive_weight():
+    logits = torch.tensor([[0.0, 0.0, -math.inf, -math.inf]])
+    # 1 - 1e-12 rounds to 1.0 in float32: the search lands past token 1, on zero-weight tokens.
+    assert sample_from_logits(logits, [SamplingParams()], [1.0 - 1e-12]).tolist() == [1]
 
 
 def test_repetition_frequency_and_presence_penalties_by_hand():
@@ -118,6 +133,12 @@ def test_top_k_top_p_match_a_full_sort_reference_including_flat_rows_that_need_m
             kept = filtered[row] > 0
             assert torch.equal(kept, reference_top_k_top_p(logits[row], k, p)), (seed, k, p)
             assert torch.equal(filtered[row][kept], weights[row][kept])
+
+
+def test_top_k_alone_keeps_its_k_tokens_even_when_float_rounding_says_the_mass_is_already_one():
+    weights = torch.tensor([[0.0, -30.0, -30.0, -30.0, -40.0]]).exp()
+    apply_top_k_top_p(weights, top_k=[3], top_p=[1.0])
+    assert (weights[0] > 0).tolist() == [True, True, True, True, False]  # the tie at the cut is kept
 
 
 def reference_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

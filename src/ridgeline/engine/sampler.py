@@ -217,14 +217,14 @@ def _inverse_cdf_draw(weights: torch.Tensor, uniforms: Sequence[float]) -> torch
     """The first token whose cumulative weight exceeds u times the row's total (weights overwritten)."""
     cdf = weights.cumsum_(dim=-1)
     total = cdf[:, -1:]
-    # Largest float32 below 1: a u that rounds up to 1 would land past the last token.
-    u = torch.tensor(uniforms, device=weights.device).clamp_(max=1.0 - 2.0**-24)
+    u = torch.tensor(uniforms, device=weights.device)
     chosen = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp_(max=weights.shape[-1] - 1)
     below = torch.where(chosen > 0, cdf.gather(1, (chosen - 1).clamp_(min=0)), torch.zeros_like(total))
     zero_weight = cdf.gather(1, chosen) <= below
     if zero_weight.any():
-        # Only float rounding at the very top of the CDF gets here: the target is the last token
-        # with positive weight, the first whose cumulative weight reaches the total.
+        # Only float rounding at the very top of the CDF gets here (u rounded up to 1 in float32, or
+        # u * total rounded up to the total): the target is the last token with positive weight,
+        # the first whose cumulative weight reaches the total.
         last_positive = (cdf < total).sum(dim=-1, keepdim=True)
         chosen = torch.where(zero_weight, last_positive, chosen)
     return chosen.squeeze(1)
