@@ -8,7 +8,9 @@ It is built once per step and shared by all layers.
 A request's tokens must not depend on how it was batched or chunked, and attention's float sums change with the
 key length they run over. So queries attend in tiles fixed by absolute position: the rows of positions
 [16k, 16k + 16) read keys [window start of 16k, 16k + 16) under a causal/window mask, whichever step computes
-them (a decode is a one-row tile). Keys past a row's own position are masked to exact zeros.
+them (a decode is a one-row tile). Keys past a row's own position are masked to exact zeros. One-row tiles with
+equal key counts (decodes; past the window, every sliding-window decode) share one batched call: batch entries
+are computed independently, so that changes no bits.
 """
 
 from dataclasses import dataclass
@@ -47,11 +49,26 @@ class ChunkView:
 
 
 @dataclass
+class DecodeGroup:
+    """One-row tiles with the same key count, attended in one batched call."""
+
+    rows: torch.Tensor  # [G] their rows in the flat batch
+    kv_slots: torch.Tensor  # [G, keys]
+    mask: torch.Tensor  # [G, 1, 1, keys] bool
+
+
+@dataclass
+class WindowViews:
+    decodes: list[DecodeGroup]
+    chunks: list[ChunkView]  # multi-token chunks, tile by tile
+
+
+@dataclass
 class AttentionBatch:
     token_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T] where each token's K and V are written
-    views: dict[int | None, list[ChunkView]]  # per attention window, one view per chunk
+    views: dict[int | None, WindowViews]  # per attention window
     logit_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
     logit_counts: list[int]  # how many logit rows each chunk gets
     row_paths: RowPaths  # which rows take the memory-bound and which the compute-bound matmul path
@@ -73,14 +90,23 @@ class AttentionBatch:
         logit_rows = [r for c, start, end in zip(chunks, row_starts, row_starts[1:])
                       for r in (range(start, end) if c.all_logits else [end - 1])]
 
-        views = {window: [] for window in windows}
-        for c, table, row_start in zip(chunks, tables, row_starts):
-            tiles = range(c.start // block_size, (c.end - 1) // block_size + 1)
-            for window in windows:
-                def key_start(tile: int) -> int:
-                    return 0 if window is None else max(0, tile * block_size - window + 1)
+        views = {}
+        for window in windows:
+            def key_start(tile: int) -> int:
+                return 0 if window is None else max(0, tile * block_size - window + 1)
 
+            decodes: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+            chunk_views = []
+            for c, table, row_start in zip(chunks, tables, row_starts):
+                tiles = range(c.start // block_size, (c.end - 1) // block_size + 1)
                 first, last = key_start(tiles[0]), (tiles[-1] + 1) * block_size
+                if len(c.token_ids) == 1:
+                    k_pos = torch.arange(first, last)
+                    mask = k_pos <= c.start
+                    if window is not None:
+                        mask &= c.start - k_pos < window
+                    decodes.setdefault(last - first, []).append((row_start, slots(table, first, last), mask))
+                    continue
                 view = ChunkView(slots(table, first, last).to(device), [])
                 for tile in tiles:
                     q_begin, q_end = max(c.start, tile * block_size), min(c.end, (tile + 1) * block_size)
@@ -92,7 +118,12 @@ class AttentionBatch:
                         mask &= q_pos - k_pos < window
                     rows = slice(row_start + q_begin - c.start, row_start + q_end - c.start)
                     view.tiles.append(Tile(rows, slice(k_begin - first, k_end - first), mask.to(device)))
-                views[window].append(view)
+                chunk_views.append(view)
+            groups = [DecodeGroup(torch.tensor([r for r, _, _ in members], device=device),
+                                  torch.stack([s for _, s, _ in members]).to(device),
+                                  torch.stack([m for _, _, m in members])[:, None, None, :].to(device))
+                      for members in decodes.values()]
+            views[window] = WindowViews(groups, chunk_views)
 
         return AttentionBatch(
             token_ids=torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long, device=device),

@@ -35,12 +35,24 @@ class PagedAttention(nn.Module):
         v_cache.index_copy_(0, batch.slot_mapping, v.to(v_cache.dtype))
 
         out = torch.empty_like(q)
-        for chunk in batch.views[self.window]:
+        views = batch.views[self.window]
+        for group in views.decodes:
+            out[group.rows] = self._decodes(q[group.rows], group, k_cache, v_cache)
+        for chunk in views.chunks:
             keys = k_cache[chunk.kv_slots].to(q.dtype).transpose(0, 1)  # [kv_heads, keys, head_dim]
             values = v_cache[chunk.kv_slots].to(q.dtype).transpose(0, 1)
             for tile in chunk.tiles:
                 out[tile.rows] = self._tile(q[tile.rows], keys[:, tile.keys], values[:, tile.keys], tile.mask)
         return self.o(out.view(tokens, -1), paths)
+
+    def _decodes(self, q, group, k_cache, v_cache):
+        """One-row tiles of several sequences: [G, kv_heads, groups, d] queries against [G, kv_heads, keys, d]."""
+        rows = q.shape[0]
+        keys = k_cache[group.kv_slots].to(q.dtype).permute(0, 2, 1, 3)
+        values = v_cache[group.kv_slots].to(q.dtype).permute(0, 2, 1, 3)
+        queries = q.view(rows, self.num_kv_heads, self.groups, self.head_dim)
+        out = sdpa(queries, keys, values, attn_mask=group.mask, scale=self.scale)
+        return out.reshape(rows, self.num_heads, self.head_dim)
 
     def _tile(self, q, keys, values, mask):
         """The query heads sharing a KV head are laid out as extra queries (fast GQA)."""
