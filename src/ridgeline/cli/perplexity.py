@@ -23,6 +23,8 @@ def perplexity_command(
     model: Path = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: bundled model)."),
     ctx: int = typer.Option(512, "--ctx", "-c", help="Window length in tokens."),
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
+    weights: str = typer.Option("quantized", "--weights", help="quantized (as stored, the engine's path), bf16 or f32 "
+                                                               "(dequantised at load)."),
 ) -> None:
     if not file.is_file():
         raise RidgelineError(f"text file not found: {file}")
@@ -33,7 +35,7 @@ def perplexity_command(
     console = Console()
     checkpoint = read_checkpoint(model)
     tokenizer = checkpoint.load_tokenizer()
-    model_ = Transformer(checkpoint, ModelOptions())
+    model_ = Transformer(checkpoint, ModelOptions(weights=weights))
     if ctx > checkpoint.config.max_context:
         raise RidgelineError(f"--ctx {ctx} exceeds the model's context of {checkpoint.config.max_context}")
     cache_config = KVCacheConfig(dtype="fp32")
