@@ -55,6 +55,8 @@ def serve_command(
         drain_timeout=drain_timeout,
         log_prompts=log_prompts,
     )
-    with Console(stderr=True).status("loading model"):
+    console = Console(stderr=True)
+    with console.status("loading model"):
         engine = LLMEngine(config)
+    console.print(engine.capacity_report, highlight=False)
     run_server(create_app(engine, server_config), server_config)

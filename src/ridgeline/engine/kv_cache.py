@@ -47,10 +47,6 @@ class KVCache:
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(layer[0], layer[1]) for layer in self.data]
 
-    @property
-    def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
 
 def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_blocks: int, seq_len: int = 2048) -> str:
     """The start-up line: how many tokens, and how many sequences of `seq_len` tokens, the pool holds."""

