@@ -89,7 +89,7 @@ class StepProfile:
         scheduler, runner = engine.scheduler, engine.runner
         scheduler.schedule = self._timed("scheduler.schedule", scheduler.schedule)
         scheduler.update = self._timed("scheduler.update", scheduler.update)
-        runner.run = self._timed("runner.run", runner.run)
+        runner.forward = self._timed("runner.run", runner.forward)
         engine.sampler = self._timed("sampling", engine.sampler)
         model = runner.model
         self._hook(model, "model forward")

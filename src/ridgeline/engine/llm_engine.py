@@ -4,6 +4,7 @@
 One step = schedule (decodes first, then prefill chunks) -> one forward pass -> sample -> detokenise -> stop checks.
 """
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -115,15 +116,19 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return outputs
-        logits = self.runner.run([self._seq_chunk(chunk) for chunk in plan.chunks])
-        for chunk, chunk_logits in zip(plan.chunks, logits):
-            self._collect_prompt_logprobs(chunk, chunk_logits)
-        sampling = [(chunk, chunk_logits[-1]) for chunk, chunk_logits in zip(plan.chunks, logits) if chunk.samples]
+        logits, counts = self.runner.forward([self._seq_chunk(chunk) for chunk in plan.chunks])
+        ends = list(itertools.accumulate(counts))
+        for chunk, end, count in zip(plan.chunks, ends, counts):
+            self._collect_prompt_logprobs(chunk, logits[end - count:end])
+        sampling = [(chunk, end - 1) for chunk, end in zip(plan.chunks, ends) if chunk.samples]
         token_ids: list[int] = []
         sampled_logprobs: list[TokenLogprobs | None] = []
         if sampling:
             seqs = [chunk.seq for chunk, _ in sampling]
-            result = self.sampler(torch.stack([row for _, row in sampling]), [s.sampling_params for s in seqs],
+            rows = [row for _, row in sampling]
+            # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
+            sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
                                   [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
             token_ids, sampled_logprobs = result.token_ids, result.logprobs
         finished = {seq.request_id for seq in self.scheduler.update(plan, token_ids)}
