@@ -18,8 +18,8 @@ from ridgeline.model.quant.random_blocks import random_stored
 
 SIMPLE = (T.Q8_0, T.Q4_0, T.Q5_0)
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
-# (output rows, input dim): one row; rows not a multiple of the 4-row tile; an input dim that is not a
-# multiple of the 128-weight chunk (padded) for the 32-block types; several chunks.
+# (output rows, input dim): one row; rows not a multiple of the 16-row interleaved block (padded), over
+# several blocks; one and several scale groups.
 SHAPES = {t: [(1, 32), (37, 96), (9, 640)] for t in SIMPLE} | {t: [(1, 256), (37, 256), (9, 768)] for t in K_QUANTS}
 CASES = [(qtype, shape) for qtype, shapes in SHAPES.items() for shape in shapes]
 
@@ -53,7 +53,7 @@ def test_compiled_dequantize_matches_gguf(qtype, shape):
 
 
 @needs_compiled
-@pytest.mark.parametrize("activation_rows", [1, 3, 6])
+@pytest.mark.parametrize("activation_rows", [1, 3, 6, 11])  # tiles of 8 rows: 11 = a full one + 3
 @pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda v: getattr(v, "name", str(v)))
 def test_gemv_is_a_matmul_with_int8_activations(qtype, shape, activation_rows):
     stored = random_stored(qtype, shape, seed=3)

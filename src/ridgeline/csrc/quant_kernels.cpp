@@ -1,192 +1,222 @@
 // Kernels for GGML block-quantised weights in ridgeline's packed layout (see model/quant/packing.py).
 //
-// Every supported type is held as unsigned quants u (4, 5, 6 or 8 bits) plus per-sub-block scales, so a
-// weight is  w = a_s * u - b_s  with a_s, b_s constant over a group of 16 weights. A chunk is 128 weights
-// (8 groups of 16) of one output row. Layout of one row, per chunk c:
-//   8-bit types: quants[128c .. 128c+127]             byte j = u_j
-//   4/5/6-bit:   quants[64c .. 64c+63]                byte j = (u_j & 15) | (u_{64+j} & 15) << 4
-//   5-bit:       high[16c .. 16c+15]                  two little-endian 64-bit masks, bit j = (u_j >> 4) & 1
-//   6-bit:       high[32c .. 32c+31]                  per 64 weights, byte j holds (u_{16k+j} >> 4) & 3 at bits 2k
+// Every supported type is held as unsigned quants u (4, 5, 6 or 8 bits) plus per-group scales, so a weight is
+// w = a_g * u - b_g with (a_g, b_g) constant over a group of 32 weights (16 for Q6_K). Output rows are
+// interleaved in blocks of 16: a "step" is 4 consecutive input weights of all 16 rows, 64 bytes, byte 4r + i =
+// row r, weight 4 * step + i. That is the shape of one VPDPBUSD: 16 int32 lanes, one per output row, each
+// summing 4 u8 x s8 products, with the 4 activation bytes broadcast. So a row block's 16 results build up in
+// one register with no horizontal sums, and each decoded weight vector serves every activation row of a tile.
+// Per row block, planes hold:
+//   8-bit types:  quants  64 bytes per step
+//   4/5/6-bit:    quants  64 bytes per pair of steps (2j, 2j+1): low nibble = step 2j, high nibble = step 2j+1
+//   5-bit:        high    per step one little-endian 64-bit mask: bit i = bit 4 of byte i
+//   6-bit:        high    per step two masks: bit 4, then bit 5
+//   scales:       per group, 16 values (one per row): d (fp16; per group, or per 256 for K-quants),
+//                 dmin (fp16 per 256), sc and m (u8 per group; Q6_K: i8 sc per 16)
 //
-// gemv: the memory-bound path. Activation rows are quantised to int8 blocks of 32 (llama.cpp's Q8_0 idea),
-// then each weight chunk is decoded to 64-byte vectors of u and multiplied with VPDPBUSD (u8 x s8 -> s32),
-// so the weight bytes are read once per call. dequantize: the compute-bound path's first half (a GEMM
-// in torch does the rest) and the embedding row gather.
+// gemv: the memory-bound path. Activation rows are quantised to int8 blocks of 32 (llama.cpp's Q8_0 idea) and
+// the weight bytes are read once per call. dequantize: the compute-bound path's first half (a torch GEMM does
+// the rest). Each activation row's result takes the same operations in the same order whatever the number of
+// rows or the row's place in its tile, so a row's output does not depend on its batch.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
 
 enum QType : int { Q8_0 = 8, Q4_0 = 2, Q5_0 = 6, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // GGML's type ids
 
-constexpr int kChunk = 128;
-constexpr int kGroupsPerChunk = kChunk / 16;
+constexpr int kRows = 16;     // output rows per interleaved block
+constexpr int kMaxTile = 8;   // activation rows sharing one pass over a weight block
 
-// Pointers to one output row's planes.
-struct Row {
+template <int QT>
+constexpr int group_steps() { return QT == Q6_K ? 4 : 8; }  // steps of 4 weights under one scale
+
+template <int QT>
+constexpr int32_t quant_offset() {  // w = a * (u - offset) for the types whose b is a multiple of a
+    return QT == Q8_0 ? 128 : QT == Q4_0 ? 8 : QT == Q5_0 ? 16 : QT == Q6_K ? 32 : 0;
+}
+
+template <int QT>
+constexpr bool has_mins() { return QT == Q4_K || QT == Q5_K; }
+
+// Pointers to one row block's planes.
+struct Block {
     const uint8_t* quants;
     const uint8_t* high;
-    const uint16_t* d;     // fp16: per block of 32 (Q8_0/Q4_0/Q5_0) or per 256 (K-quants)
-    const uint16_t* dmin;  // fp16 per 256 (Q4_K/Q5_K)
-    const uint8_t* sc;     // per sub-block: u8 (Q4_K/Q5_K, 32 wide) or i8 (Q6_K, 16 wide)
-    const uint8_t* m;      // u8 per 32-wide sub-block (Q4_K/Q5_K)
+    const uint16_t* d;
+    const uint16_t* dmin;
+    const uint8_t* sc;
+    const uint8_t* m;
 };
 
 struct Planes {
     torch::Tensor quants, high, d, dmin, sc, m;
 
     template <typename T>
-    static const T* row_ptr(const torch::Tensor& t, int64_t n) {
-        return t.numel() ? reinterpret_cast<const T*>(t.data_ptr()) + n * t.stride(0) : nullptr;
+    static const T* block_ptr(const torch::Tensor& t, int64_t b) {
+        return t.numel() ? reinterpret_cast<const T*>(t.data_ptr()) + b * t.stride(0) : nullptr;
     }
-    Row row(int64_t n) const {
-        return {row_ptr<uint8_t>(quants, n), row_ptr<uint8_t>(high, n), row_ptr<uint16_t>(d, n),
-                row_ptr<uint16_t>(dmin, n),  row_ptr<uint8_t>(sc, n),    row_ptr<uint8_t>(m, n)};
+    Block block(int64_t b) const {
+        return {block_ptr<uint8_t>(quants, b), block_ptr<uint8_t>(high, b), block_ptr<uint16_t>(d, b),
+                block_ptr<uint16_t>(dmin, b),  block_ptr<uint8_t>(sc, b),    block_ptr<uint8_t>(m, b)};
     }
 };
 
-inline float fp16_to_float(uint16_t h) { return _cvtsh_ss(h); }
+inline __mmask64 load_mask(const uint8_t* p) {
+    uint64_t bits;
+    std::memcpy(&bits, p, 8);
+    return _cvtu64_mask64(bits);
+}
 
-// The 128 quants of chunk c as two vectors of 64 unsigned bytes, in weight order.
+inline __m512 fp16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+template <typename T>
+inline __m512 bytes_to_float(const T* p) {  // 16 u8 (or i8) -> 16 floats
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(std::is_signed_v<T> ? _mm512_cvtepi8_epi32(raw) : _mm512_cvtepu8_epi32(raw));
+}
+
+// Steps 2j and 2j+1 of a block as two vectors of 64 unsigned quants.
 template <int QT>
-inline void decode_chunk(const Row& w, int64_t c, __m512i& u0, __m512i& u1) {
+inline void decode_pair(const Block& w, int64_t j, __m512i& u0, __m512i& u1) {
     if constexpr (QT == Q8_0) {
-        u0 = _mm512_loadu_si512(w.quants + kChunk * c);
-        u1 = _mm512_loadu_si512(w.quants + kChunk * c + 64);
+        u0 = _mm512_loadu_si512(w.quants + 128 * j);
+        u1 = _mm512_loadu_si512(w.quants + 128 * j + 64);
     } else {
         const __m512i nibble = _mm512_set1_epi8(0x0F);
-        const __m512i packed = _mm512_loadu_si512(w.quants + 64 * c);
+        const __m512i packed = _mm512_loadu_si512(w.quants + 64 * j);
         u0 = _mm512_and_si512(packed, nibble);
         u1 = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+        const __m512i bit4 = _mm512_set1_epi8(0x10);
         if constexpr (QT == Q5_0 || QT == Q5_K) {
-            const __m512i bit4 = _mm512_set1_epi8(0x10);
-            uint64_t h0, h1;
-            std::memcpy(&h0, w.high + 16 * c, 8);
-            std::memcpy(&h1, w.high + 16 * c + 8, 8);
-            u0 = _mm512_mask_add_epi8(u0, _cvtu64_mask64(h0), u0, bit4);
-            u1 = _mm512_mask_add_epi8(u1, _cvtu64_mask64(h1), u1, bit4);
+            u0 = _mm512_mask_add_epi8(u0, load_mask(w.high + 16 * j), u0, bit4);
+            u1 = _mm512_mask_add_epi8(u1, load_mask(w.high + 16 * j + 8), u1, bit4);
         } else if constexpr (QT == Q6_K) {
-            const __m512i shifts = _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
-                                                    0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0);
-            const __m512i two_bits = _mm512_set1_epi8(0x03);
-            auto high_bits = [&](const uint8_t* p) {
-                const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-                return _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(b, shifts), two_bits), 4);
-            };
-            u0 = _mm512_or_si512(u0, high_bits(w.high + 32 * c));
-            u1 = _mm512_or_si512(u1, high_bits(w.high + 32 * c + 16));
+            const __m512i bit5 = _mm512_set1_epi8(0x20);
+            const uint8_t* h = w.high + 32 * j;
+            u0 = _mm512_mask_add_epi8(u0, load_mask(h), u0, bit4);
+            u0 = _mm512_mask_add_epi8(u0, load_mask(h + 8), u0, bit5);
+            u1 = _mm512_mask_add_epi8(u1, load_mask(h + 16), u1, bit4);
+            u1 = _mm512_mask_add_epi8(u1, load_mask(h + 24), u1, bit5);
         }
     }
 }
 
-// Per group of 16 weights in chunk c: scale a and offset b (w = a*u - b).
+// Per row of the block, scale a and (K-quants with mins only) offset b of group g.
 template <int QT>
-inline void chunk_scales(const Row& w, int64_t c, __m256& a, __m256& b) {
-    const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // a 32-wide sub-block covers two groups
+inline void group_scales(const Block& w, int64_t g, __m512& a, __m512& b) {
     if constexpr (QT == Q8_0 || QT == Q4_0 || QT == Q5_0) {
-        constexpr float offset = QT == Q8_0 ? 128.0f : QT == Q4_0 ? 8.0f : 16.0f;
-        const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.d + 4 * c)));
-        a = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), pairs);
-        b = _mm256_mul_ps(a, _mm256_set1_ps(offset));
-    } else if constexpr (QT == Q4_K || QT == Q5_K) {
-        int32_t sc4, m4;
-        std::memcpy(&sc4, w.sc + 4 * c, 4);
-        std::memcpy(&m4, w.m + 4 * c, 4);
-        const __m128 sc = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(sc4)));
-        const __m128 mn = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(m4)));
-        const __m128 a4 = _mm_mul_ps(sc, _mm_set1_ps(fp16_to_float(w.d[c / 2])));
-        const __m128 b4 = _mm_mul_ps(mn, _mm_set1_ps(fp16_to_float(w.dmin[c / 2])));
-        a = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(a4), pairs);
-        b = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(b4), pairs);
-    } else {  // Q6_K: signed 8-bit scale per 16 weights, offset 32
-        const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + 8 * c));
-        a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), _mm256_set1_ps(fp16_to_float(w.d[c / 2])));
-        b = _mm256_mul_ps(a, _mm256_set1_ps(32.0f));
+        a = fp16x16(w.d + kRows * g);
+    } else if constexpr (has_mins<QT>()) {
+        const int64_t super = g / 8;  // 8 groups of 32 per super-block of 256
+        a = _mm512_mul_ps(fp16x16(w.d + kRows * super), bytes_to_float(w.sc + kRows * g));
+        b = _mm512_mul_ps(fp16x16(w.dmin + kRows * super), bytes_to_float(w.m + kRows * g));
+    } else {  // Q6_K: 16 groups of 16 per super-block
+        a = _mm512_mul_ps(fp16x16(w.d + kRows * (g / 16)),
+                          bytes_to_float(reinterpret_cast<const int8_t*>(w.sc) + kRows * g));
     }
 }
 
-// One activation row quantised to int8 blocks of 32: x ~= scale16[g] * q over group g of 16.
+// One activation row quantised to int8 blocks of 32: x ~= scale[i] * q over block i.
 struct QuantizedActivation {
     const int8_t* q;
-    const float* scale16;      // per group of 16 (the block-of-32 scale, repeated)
-    const float* scaled_sum16; // scale16[g] * sum of q over group g: multiplies the weight offsets b
+    const float* scale;    // per 32
+    const int32_t* sum16;  // sum of q per 16 (Q6_K groups)
+    const int32_t* sum32;  // sum of q per 32
 };
 
-void quantize_activation(const float* x, int64_t k, int64_t padded_k, int8_t* q, float* scale16, float* scaled_sum16) {
-    for (int64_t start = 0; start < padded_k; start += 32) {
-        const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(32, k - start));
-        const __m512 lo = _mm512_maskz_loadu_ps(valid >= 16 ? 0xFFFF : (1u << valid) - 1, x + start);
-        const __m512 hi = _mm512_maskz_loadu_ps(valid >= 32 ? 0xFFFF : valid > 16 ? (1u << (valid - 16)) - 1 : 0,
-                                                x + start + 16);
+void quantize_activation(const float* x, int64_t k, int8_t* q, float* scale, int32_t* sum16, int32_t* sum32) {
+    for (int64_t i = 0; i < k / 32; ++i) {
+        const __m512 lo = _mm512_loadu_ps(x + 32 * i), hi = _mm512_loadu_ps(x + 32 * i + 16);
         const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(lo)), _mm512_reduce_max_ps(_mm512_abs_ps(hi)));
-        const float scale = amax / 127.0f;
-        const __m512 inverse = _mm512_set1_ps(scale > 0 ? 1.0f / scale : 0.0f);
+        scale[i] = amax / 127.0f;
+        const __m512 inverse = _mm512_set1_ps(scale[i] > 0 ? 1.0f / scale[i] : 0.0f);
         const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));
         const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + start), _mm512_cvtsepi32_epi8(qlo));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + start + 16), _mm512_cvtsepi32_epi8(qhi));
-        const int64_t g = start / 16;
-        scale16[g] = scale16[g + 1] = scale;
-        scaled_sum16[g] = scale * static_cast<float>(_mm512_reduce_add_epi32(qlo));
-        scaled_sum16[g + 1] = scale * static_cast<float>(_mm512_reduce_add_epi32(qhi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm512_cvtsepi32_epi8(qlo));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm512_cvtsepi32_epi8(qhi));
+        sum16[2 * i] = _mm512_reduce_add_epi32(qlo);
+        sum16[2 * i + 1] = _mm512_reduce_add_epi32(qhi);
+        sum32[i] = sum16[2 * i] + sum16[2 * i + 1];
     }
 }
 
-// Dot products of weight row n with MT activation rows; each weight chunk is decoded once for all MT.
+// The 16 outputs of one row block for MT activation rows.
 template <int QT, int MT>
-inline void dot_row(const Row& w, int64_t chunks, const QuantizedActivation* x, float* const* out, int64_t n) {
-    // Lane i of a VPDPBUSD result sums weights 4i..4i+3 of a 64-weight vector: group i/4 of that half.
-    const __m512i lanes_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i lanes_hi = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-    // Two accumulators per activation row: independent FMA chains, so consecutive chunks overlap.
-    __m512 acc_lo[MT], acc_hi[MT];
-    for (int t = 0; t < MT; ++t) acc_lo[t] = acc_hi[t] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-        __m512i u0, u1;
-        __m256 a, b;
-        decode_chunk<QT>(w, c, u0, u1);
-        chunk_scales<QT>(w, c, a, b);
+inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation* x, float* const* out, __mmask16 valid) {
+    constexpr int steps = group_steps<QT>();
+    constexpr int32_t offset = quant_offset<QT>();
+    constexpr bool two_chains = MT < 4;  // few rows: split each sum in two so VPDPBUSD latency overlaps
+    __m512 acc[MT];
+    for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 a, b;
+        group_scales<QT>(w, g, a, b);
+        __m512i dot0[MT], dot1[MT];
+        for (int t = 0; t < MT; ++t) {  // start from -offset * sum(q): the u - offset of every weight, in integers
+            const int32_t qsum = QT == Q6_K ? x[t].sum16[g] : x[t].sum32[g];
+            dot0[t] = _mm512_set1_epi32(-offset * qsum);
+            dot1[t] = _mm512_setzero_si512();
+        }
 #pragma GCC unroll 4
+        for (int p = 0; p < steps / 2; ++p) {
+            __m512i u0, u1;
+            decode_pair<QT>(w, g * (steps / 2) + p, u0, u1);
+            for (int t = 0; t < MT; ++t) {
+                int32_t x0, x1;
+                std::memcpy(&x0, x[t].q + 4 * (g * steps + 2 * p), 4);
+                std::memcpy(&x1, x[t].q + 4 * (g * steps + 2 * p + 1), 4);
+                dot0[t] = _mm512_dpbusd_epi32(dot0[t], u0, _mm512_set1_epi32(x0));
+                if constexpr (two_chains) {
+                    dot1[t] = _mm512_dpbusd_epi32(dot1[t], u1, _mm512_set1_epi32(x1));
+                } else {
+                    dot0[t] = _mm512_dpbusd_epi32(dot0[t], u1, _mm512_set1_epi32(x1));
+                }
+            }
+        }
         for (int t = 0; t < MT; ++t) {
-            const int8_t* q = x[t].q + kChunk * c;
-            const __m256 factor = _mm256_mul_ps(a, _mm256_loadu_ps(x[t].scale16 + kGroupsPerChunk * c));
-            const __m256 offset = _mm256_mul_ps(b, _mm256_loadu_ps(x[t].scaled_sum16 + kGroupsPerChunk * c));
-            const __m512 f = _mm512_castps256_ps512(factor);
-            const __m512i dot0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, _mm512_loadu_si512(q));
-            const __m512i dot1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, _mm512_loadu_si512(q + 64));
-            const __m512 lo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(lanes_lo, f),
-                                              _mm512_zextps256_ps512(offset));  // the b*u offsets, folded in
-            acc_lo[t] = _mm512_add_ps(acc_lo[t], lo);
-            acc_hi[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(lanes_hi, f), acc_hi[t]);
+            const float xs = QT == Q6_K ? x[t].scale[g / 2] : x[t].scale[g];
+            const __m512i dot = two_chains ? _mm512_add_epi32(dot0[t], dot1[t]) : dot0[t];
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(xs)), acc[t]);
+            if constexpr (has_mins<QT>()) {
+                acc[t] = _mm512_fnmadd_ps(b, _mm512_set1_ps(xs * static_cast<float>(x[t].sum32[g])), acc[t]);
+            }
         }
     }
-    for (int t = 0; t < MT; ++t) out[t][n] = _mm512_reduce_add_ps(_mm512_add_ps(acc_lo[t], acc_hi[t]));
+    for (int t = 0; t < MT; ++t) _mm512_mask_storeu_ps(out[t], valid, acc[t]);
 }
 
-constexpr int kMaxTile = 4;
+template <int QT, int... Tiles>
+inline void dispatch_tile(int tile, std::integer_sequence<int, Tiles...>, const Block& w, int64_t groups,
+                          const QuantizedActivation* x, float* const* out, __mmask16 valid) {
+    ((tile == Tiles + 1 ? block_dot<QT, Tiles + 1>(w, groups, x, out, valid) : void()), ...);
+}
+
+inline __mmask16 valid_rows(int64_t rows, int64_t block) {
+    const int64_t left = rows - block * kRows;
+    return left >= kRows ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+}
 
 template <int QT>
-void gemv_typed(const Planes& planes, const std::vector<QuantizedActivation>& x, float* out, int64_t rows, int64_t chunks) {
+void gemv_typed(const Planes& planes, const std::vector<QuantizedActivation>& x, float* out, int64_t rows, int64_t k) {
     const int64_t m_total = static_cast<int64_t>(x.size());
-    const int64_t bytes_per_row = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
-    const int64_t grain = std::max<int64_t>(16, (64 << 10) / std::max<int64_t>(1, bytes_per_row));
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-        for (int64_t n = begin; n < end; ++n) {
-            const Row w = planes.row(n);
+    const int64_t blocks = planes.quants.size(0), groups = k / (4 * group_steps<QT>());
+    const int64_t bytes_per_block = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
+    const int64_t grain = std::max<int64_t>(1, (32 << 10) / bytes_per_block);
+    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t block = begin; block < end; ++block) {
+            const Block w = planes.block(block);
             for (int64_t m0 = 0; m0 < m_total; m0 += kMaxTile) {
+                const int tile = static_cast<int>(std::min<int64_t>(kMaxTile, m_total - m0));
                 float* outs[kMaxTile];
-                const int64_t tile = std::min<int64_t>(kMaxTile, m_total - m0);
-                for (int64_t t = 0; t < tile; ++t) outs[t] = out + (m0 + t) * rows;
-                switch (tile) {
-                    case 1: dot_row<QT, 1>(w, chunks, &x[m0], outs, n); break;
-                    case 2: dot_row<QT, 2>(w, chunks, &x[m0], outs, n); break;
-                    case 3: dot_row<QT, 3>(w, chunks, &x[m0], outs, n); break;
-                    default: dot_row<QT, 4>(w, chunks, &x[m0], outs, n); break;
-                }
+                for (int t = 0; t < tile; ++t) outs[t] = out + (m0 + t) * rows + block * kRows;
+                dispatch_tile<QT>(tile, std::make_integer_sequence<int, kMaxTile>{}, w, groups, &x[m0], outs,
+                                  valid_rows(rows, block));
             }
         }
     });
@@ -214,25 +244,25 @@ Planes make_planes(torch::Tensor quants, torch::Tensor high, torch::Tensor d, to
     return {quants, high, d, dmin, sc, m};
 }
 
-// x: [M, K] float32. Returns [M, rows] float32.
+// x: [M, K] float32 with K a multiple of 32. Returns [M, rows] float32.
 torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::Tensor high, torch::Tensor d,
-                   torch::Tensor dmin, torch::Tensor sc, torch::Tensor m, int64_t padded_k) {
+                   torch::Tensor dmin, torch::Tensor sc, torch::Tensor m, int64_t rows) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "x must be [M, K] float32 CPU");
     const Planes planes = make_planes(quants, high, d, dmin, sc, m);
     x = x.contiguous();
-    const int64_t m_total = x.size(0), k = x.size(1), rows = quants.size(0);
-    TORCH_CHECK(padded_k % kChunk == 0 && k <= padded_k, "padded_k must be a multiple of 128 covering K");
-    std::vector<int8_t> q(m_total * padded_k);
-    std::vector<float> scale16(m_total * padded_k / 16), scaled_sum16(m_total * padded_k / 16);
+    const int64_t m_total = x.size(0), k = x.size(1);
+    TORCH_CHECK(k % 32 == 0 && rows <= quants.size(0) * kRows, "gemv: K must be a multiple of 32 and rows fit the blocks");
+    std::vector<int8_t> q(m_total * k);
+    std::vector<float> scale(m_total * k / 32);
+    std::vector<int32_t> sum16(m_total * k / 16), sum32(m_total * k / 32);
     std::vector<QuantizedActivation> activations(m_total);
     for (int64_t i = 0; i < m_total; ++i) {
-        const int64_t groups = i * padded_k / 16;
-        quantize_activation(x.data_ptr<float>() + i * k, k, padded_k, q.data() + i * padded_k, scale16.data() + groups,
-                            scaled_sum16.data() + groups);
-        activations[i] = {q.data() + i * padded_k, scale16.data() + groups, scaled_sum16.data() + groups};
+        quantize_activation(x.data_ptr<float>() + i * k, k, q.data() + i * k, scale.data() + i * k / 32,
+                            sum16.data() + i * k / 16, sum32.data() + i * k / 32);
+        activations[i] = {q.data() + i * k, scale.data() + i * k / 32, sum16.data() + i * k / 16, sum32.data() + i * k / 32};
     }
     auto out = torch::empty({m_total, rows}, x.options());
-    dispatch(qtype, [&](auto type) { gemv_typed<decltype(type)::value>(planes, activations, out.data_ptr<float>(), rows, padded_k / kChunk); });
+    dispatch(qtype, [&](auto type) { gemv_typed<decltype(type)::value>(planes, activations, out.data_ptr<float>(), rows, k); });
     return out;
 }
 
@@ -244,61 +274,83 @@ inline __m256i to_bf16(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, rounding), 16));
 }
 
+// The rows of one block whose output pointer is not null, dequantised: w = a * u - b.
 template <int QT, typename Out>
-void dequantize_row(const Row& w, int64_t k, Out* out) {
-    alignas(32) float a[kGroupsPerChunk], b[kGroupsPerChunk];
-    for (int64_t c = 0; c * kChunk < k; ++c) {
-        __m512i u[2];
-        __m256 av, bv;
-        decode_chunk<QT>(w, c, u[0], u[1]);
-        chunk_scales<QT>(w, c, av, bv);
-        _mm256_store_ps(a, av);
-        _mm256_store_ps(b, bv);
-        for (int g = 0; g < kGroupsPerChunk && c * kChunk + 16 * g < k; ++g) {
-            __m128i lane;  // the extract index must be an immediate
-            switch (g % 4) {
-                case 0: lane = _mm512_extracti32x4_epi32(u[g / 4], 0); break;
-                case 1: lane = _mm512_extracti32x4_epi32(u[g / 4], 1); break;
-                case 2: lane = _mm512_extracti32x4_epi32(u[g / 4], 2); break;
-                default: lane = _mm512_extracti32x4_epi32(u[g / 4], 3); break;
-            }
-            const __m512 values = _mm512_fmsub_ps(_mm512_set1_ps(a[g]), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lane)),
-                                                  _mm512_set1_ps(b[g]));
-            Out* dst = out + c * kChunk + 16 * g;
-            if constexpr (std::is_same_v<Out, float>) {
-                _mm512_storeu_ps(dst, values);
-            } else {
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), to_bf16(values));
+void dequantize_block(const Block& w, int64_t k, Out* const* rows) {
+    constexpr int steps = group_steps<QT>();
+    alignas(64) uint8_t u[steps * 64];
+    alignas(64) float a[kRows], b[kRows];
+    for (int64_t g = 0; g < k / (4 * steps); ++g) {
+        __m512 av, bv;
+        group_scales<QT>(w, g, av, bv);
+        if constexpr (!has_mins<QT>()) bv = _mm512_mul_ps(av, _mm512_set1_ps(static_cast<float>(quant_offset<QT>())));
+        _mm512_store_ps(a, av);
+        _mm512_store_ps(b, bv);
+        for (int p = 0; p < steps / 2; ++p) {
+            __m512i u0, u1;
+            decode_pair<QT>(w, g * (steps / 2) + p, u0, u1);
+            _mm512_store_si512(u + 128 * p, u0);
+            _mm512_store_si512(u + 128 * p + 64, u1);
+        }
+        for (int r = 0; r < kRows; ++r) {
+            if (rows[r] == nullptr) continue;
+            for (int half = 0; half < steps / 4; ++half) {  // 16 weights: the row's 4 bytes of 4 steps
+                const uint8_t* s = u + 256 * half + 4 * r;
+                int32_t w0, w1, w2, w3;
+                std::memcpy(&w0, s, 4), std::memcpy(&w1, s + 64, 4), std::memcpy(&w2, s + 128, 4), std::memcpy(&w3, s + 192, 4);
+                const __m512 quants = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_setr_epi32(w0, w1, w2, w3)));
+                const __m512 values = _mm512_fmsub_ps(_mm512_set1_ps(a[r]), quants, _mm512_set1_ps(b[r]));
+                Out* dst = rows[r] + g * 4 * steps + 16 * half;
+                if constexpr (std::is_same_v<Out, float>) {
+                    _mm512_storeu_ps(dst, values);
+                } else {
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), to_bf16(values));
+                }
             }
         }
     }
 }
 
-// Rows `rows` (int64, or empty for all) of the weight as [len, K] float32 or bfloat16.
+// Rows `index` (int64, or empty for all) of the weight as [len, K] float32 or bfloat16.
 torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high, torch::Tensor d, torch::Tensor dmin,
-                         torch::Tensor sc, torch::Tensor m, int64_t k, torch::Tensor rows, bool bf16) {
+                         torch::Tensor sc, torch::Tensor m, int64_t rows, int64_t k, torch::Tensor index, bool bf16) {
     const Planes planes = make_planes(quants, high, d, dmin, sc, m);
-    const bool all_rows = rows.numel() == 0;
-    TORCH_CHECK(all_rows || rows.scalar_type() == torch::kInt64, "rows must be int64");
-    rows = rows.contiguous();
-    const int64_t count = all_rows ? quants.size(0) : rows.numel();
-    const int64_t* index = all_rows ? nullptr : rows.data_ptr<int64_t>();
-    for (int64_t i = 0; i < count && index; ++i) {
-        TORCH_CHECK(index[i] >= 0 && index[i] < quants.size(0), "row index ", index[i], " out of range");
+    const bool all_rows = index.numel() == 0;
+    TORCH_CHECK(all_rows || index.scalar_type() == torch::kInt64, "rows must be int64");
+    index = index.contiguous();
+    const int64_t* picked = all_rows ? nullptr : index.data_ptr<int64_t>();
+    const int64_t count = all_rows ? rows : index.numel();
+    for (int64_t i = 0; i < count && picked; ++i) {
+        TORCH_CHECK(picked[i] >= 0 && picked[i] < rows, "row index ", picked[i], " out of range");
     }
     auto out = torch::empty({count, k}, torch::dtype(bf16 ? torch::kBFloat16 : torch::kFloat32));
     dispatch(qtype, [&](auto type) {
         constexpr int QT = decltype(type)::value;
-        at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-                const Row w = planes.row(index ? index[i] : i);
-                if (bf16) {
-                    dequantize_row<QT>(w, k, reinterpret_cast<uint16_t*>(out.data_ptr()) + i * k);
-                } else {
-                    dequantize_row<QT>(w, k, out.data_ptr<float>() + i * k);
-                }
+        auto run = [&](auto* base) {
+            using Out = std::remove_pointer_t<decltype(base)>;
+            if (all_rows) {  // whole blocks: each decoded vector serves 16 rows
+                at::parallel_for(0, quants.size(0), 1, [&](int64_t begin, int64_t end) {
+                    for (int64_t block = begin; block < end; ++block) {
+                        Out* targets[kRows] = {};
+                        for (int r = 0; r < kRows && block * kRows + r < rows; ++r) targets[r] = base + (block * kRows + r) * k;
+                        dequantize_block<QT>(planes.block(block), k, targets);
+                    }
+                });
+            } else {
+                at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+                    for (int64_t i = begin; i < end; ++i) {
+                        Out* targets[kRows] = {};
+                        targets[picked[i] % kRows] = base + i * k;
+                        dequantize_block<QT>(planes.block(picked[i] / kRows), k, targets);
+                    }
+                });
             }
-        });
+        };
+        if (bf16) {
+            run(reinterpret_cast<uint16_t*>(out.data_ptr()));
+        } else {
+            run(out.data_ptr<float>());
+        }
     });
     return out;
 }

@@ -19,7 +19,7 @@ from ridgeline.model.quant.packing import PackedWeight, dequantize_reference
 CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
 SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "quant_kernels.cpp"
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
-COMPILE_FLAGS = ["-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
+COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"]
 
 
 def _cpu_flags() -> set[str]:
@@ -67,15 +67,15 @@ def gemv(weight: PackedWeight, x: torch.Tensor) -> torch.Tensor:
     """Memory-bound path: x [M, in] float32 -> [M, out] float32, weights streamed once, activations int8."""
     if not uses_compiled_kernels(weight):
         return x @ dequantize_reference(weight, x.dtype).T
-    return compiled().gemv(int(weight.qtype), x, *weight.planes, weight.padded_in)
+    return compiled().gemv(int(weight.qtype), x, *weight.planes, weight.out_features)
 
 
 def dequantize(weight: PackedWeight, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Rows `rows` (default: all) of the weight as a dense [len(rows), in] tensor of `dtype`."""
     if not uses_compiled_kernels(weight) or dtype not in (torch.float32, torch.bfloat16):
-        picked = weight if rows is None else weight.select_rows(rows)
-        return dequantize_reference(picked, dtype)
+        dense = dequantize_reference(weight, dtype)
+        return dense if rows is None else dense[rows]
     index = torch.empty(0, dtype=torch.int64) if rows is None else rows.to(torch.int64)
     return compiled().dequantize(
-        int(weight.qtype), *weight.planes, weight.in_features, index, dtype == torch.bfloat16
+        int(weight.qtype), *weight.planes, weight.out_features, weight.in_features, index, dtype == torch.bfloat16
     )

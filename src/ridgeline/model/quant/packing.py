@@ -1,10 +1,11 @@
-"""Repack GGML blocks, once at load, into planes the kernels can stream: unsigned quants + per-sub-block scales.
+"""Repack GGML blocks, once at load, into planes the kernels can stream: unsigned quants + per-group scales.
 
 Every supported type becomes `w = a * u - b` with u an unsigned integer of 4, 5, 6 or 8 bits and (a, b)
-constant over a sub-block of 16 or 32 weights (csrc/quant_kernels.cpp documents the byte layout). The
-planes take the same bytes as the file, except Q4_K/Q5_K, whose 6-bit scales and mins are unpacked to a
-byte each (+0.125 bits per weight). Input dims that are not a multiple of 128 are padded with zero-scale
-blocks (real models never need it; tests do).
+constant over a group of 32 weights (16 for Q6_K). Output rows are interleaved in blocks of 16, four input
+weights at a time, so that one int8 dot-product instruction serves 16 rows (csrc/quant_kernels.cpp documents
+the byte layout). The planes take the same bytes as the file, except Q4_K/Q5_K, whose 6-bit scales and mins
+are unpacked to a byte each (+0.125 bits per weight). Row counts that are not a multiple of 16 are padded with
+zero rows (real models never need it; tests do).
 """
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from gguf.quants import Q4_K
 from ridgeline.errors import UnsupportedError
 from ridgeline.model.weights import StoredTensor, block_geometry
 
-CHUNK = 128  # weights per kernel chunk along the input dim
+BLOCK_ROWS = 16  # output rows interleaved per block
 QUANT_BITS = {T.Q8_0: 8, T.Q4_0: 4, T.Q5_0: 5, T.Q4_K: 4, T.Q5_K: 5, T.Q6_K: 6}
 SIMPLE_OFFSETS = {T.Q8_0: 128, T.Q4_0: 8, T.Q5_0: 16}  # w = d * (u - offset) per block of 32
 Q6_K_OFFSET = 32
@@ -25,19 +26,21 @@ Q6_K_OFFSET = 32
 
 @dataclass
 class PackedWeight:
-    """One [out_features, in_features] weight matrix in kernel layout. Empty planes are zero-size tensors."""
+    """One [out_features, in_features] weight matrix in kernel layout, one plane row per block of 16 output rows.
+
+    Empty planes are zero-size tensors.
+    """
 
     qtype: T
     out_features: int
     in_features: int
-    padded_in: int
-    quants: torch.Tensor  # uint8 [out, padded_in] (8-bit) or [out, padded_in / 2] (nibbles)
-    high: torch.Tensor  # uint8 [out, padded_in / 8] (5-bit) or [out, padded_in / 4] (6-bit)
+    quants: torch.Tensor  # uint8 [blocks, 16 * in] (8-bit) or [blocks, 8 * in] (nibbles)
+    high: torch.Tensor  # uint8 [blocks, 2 * in] (5-bit: one bit-4 mask per step) or [blocks, 4 * in] (6-bit: two)
     # fp16 scales held as their int16 bit patterns, so a model-wide .float() / .to(dtype) leaves them alone
-    d: torch.Tensor  # [out, blocks of 32] (Q8_0/Q4_0/Q5_0) or [out, super-blocks of 256]
-    dmin: torch.Tensor  # [out, super-blocks] (Q4_K/Q5_K)
-    sc: torch.Tensor  # uint8 [out, 32-wide sub-blocks] (Q4_K/Q5_K) or int8 [out, 16-wide sub-blocks] (Q6_K)
-    m: torch.Tensor  # uint8 [out, 32-wide sub-blocks] (Q4_K/Q5_K)
+    d: torch.Tensor  # [blocks, 16 * groups of 32] (Q8_0/Q4_0/Q5_0) or [blocks, 16 * super-blocks of 256]
+    dmin: torch.Tensor  # [blocks, 16 * super-blocks] (Q4_K/Q5_K)
+    sc: torch.Tensor  # uint8 [blocks, 16 * groups of 32] (Q4_K/Q5_K) or int8 [blocks, 16 * groups of 16] (Q6_K)
+    m: torch.Tensor  # uint8 [blocks, 16 * groups of 32] (Q4_K/Q5_K)
 
     @property
     def planes(self) -> tuple[torch.Tensor, ...]:
@@ -53,11 +56,7 @@ class PackedWeight:
 
     def to(self, device: torch.device) -> "PackedWeight":
         moved = [p.to(device) for p in self.planes]
-        return PackedWeight(self.qtype, self.out_features, self.in_features, self.padded_in, *moved)
-
-    def select_rows(self, rows: torch.Tensor) -> "PackedWeight":
-        picked = [p[rows] if p.numel() else p for p in self.planes]
-        return PackedWeight(self.qtype, len(rows), self.in_features, self.padded_in, *picked)
+        return PackedWeight(self.qtype, self.out_features, self.in_features, *moved)
 
 
 def pack(weight: StoredTensor) -> PackedWeight:
@@ -67,44 +66,50 @@ def pack(weight: StoredTensor) -> PackedWeight:
     block_size, block_bytes = block_geometry(weight.qtype)
     blocks = weight.data.numpy().reshape(out_features, in_features // block_size, block_bytes)
     u, scales = _UNPACKERS[weight.qtype](blocks)
-    padded_in = -(-in_features // CHUNK) * CHUNK
-    u = np.pad(u, ((0, 0), (0, padded_in - in_features)))
-    if weight.qtype in SIMPLE_OFFSETS:  # zero scale on padded blocks makes them contribute nothing
-        scales["d"] = np.pad(scales["d"], ((0, 0), (0, (padded_in - in_features) // 32)))
-    bits = QUANT_BITS[weight.qtype]
-    quants = u if bits == 8 else _nibbles(u)
-    high = {5: _high_bit, 6: _high_two_bits}.get(bits, lambda _: np.zeros((0, 0), np.uint8))(u)
+    def flat(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array.reshape(array.shape[0], -1)))
 
-    def plane(name: str) -> torch.Tensor:
-        array = scales.get(name)
+    steps = _interleave(u)  # [blocks, steps, 64]
+    bits = QUANT_BITS[weight.qtype]
+    if bits == 8:
+        quants = steps
+    else:  # steps 2j (low nibble) and 2j + 1 (high nibble) share 64 bytes
+        pairs = (steps & 0x0F).reshape(steps.shape[0], -1, 2, 64)
+        quants = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
+    high_bits = {5: (4,), 6: (4, 5)}.get(bits, ())
+    if high_bits:  # per step, one 64-bit little-endian mask per high bit
+        masks = np.stack([(steps >> bit) & 1 for bit in high_bits], axis=2)  # [blocks, steps, bits, 64]
+        high = flat(np.packbits(masks, axis=-1, bitorder="little"))
+    else:
+        high = torch.empty(0, dtype=torch.uint8)
+
+    def plane(array: np.ndarray | None) -> torch.Tensor:
         if array is None:
             return torch.empty(0, dtype=torch.uint8)
+        array = _interleave_scales(array)
         return torch.from_numpy(np.ascontiguousarray(array.view(np.int16) if array.dtype == np.float16 else array))
 
     return PackedWeight(
-        weight.qtype, out_features, in_features, padded_in,
-        torch.from_numpy(np.ascontiguousarray(quants)), torch.from_numpy(np.ascontiguousarray(high)),
-        plane("d"), plane("dmin"), plane("sc"), plane("m"),
+        weight.qtype, out_features, in_features, flat(quants), high,
+        plane(scales.get("d")), plane(scales.get("dmin")), plane(scales.get("sc")), plane(scales.get("m")),
     )  # fmt: skip
 
 
-def _nibbles(u: np.ndarray) -> np.ndarray:
-    """Per 128 weights, 64 bytes: low nibble = weight j, high nibble = weight 64 + j."""
-    halves = (u & 0x0F).reshape(u.shape[0], -1, 2, 64)
-    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(u.shape[0], -1)
+def _padded_rows(array: np.ndarray) -> np.ndarray:
+    missing = -array.shape[0] % BLOCK_ROWS
+    return np.pad(array, ((0, missing),) + ((0, 0),) * (array.ndim - 1))
 
 
-def _high_bit(u: np.ndarray) -> np.ndarray:
-    """Bit 4 of each quant, 8 per byte, little-endian: one 64-bit mask per 64 weights."""
-    bits = ((u >> 4) & 1).reshape(u.shape[0], -1, 8)
-    return np.packbits(bits, axis=-1, bitorder="little").reshape(u.shape[0], -1)
+def _interleave(u: np.ndarray) -> np.ndarray:
+    """[rows, in] quants -> [blocks, in / 4, 64]: per step of 4 weights, 4 bytes of each of the block's 16 rows."""
+    u = _padded_rows(u)
+    return u.reshape(-1, BLOCK_ROWS, u.shape[1] // 4, 4).transpose(0, 2, 1, 3).reshape(-1, u.shape[1] // 4, 64)
 
 
-def _high_two_bits(u: np.ndarray) -> np.ndarray:
-    """Bits 4-5 of each quant: per 64 weights, byte j holds weight 16k + j at bits 2k..2k+1."""
-    pairs = ((u >> 4) & 3).reshape(u.shape[0], -1, 4, 16)
-    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    return np.bitwise_or.reduce(pairs << shifts, axis=2).astype(np.uint8).reshape(u.shape[0], -1)
+def _interleave_scales(array: np.ndarray) -> np.ndarray:
+    """[rows, groups] -> [blocks, groups * 16]: per group, the value of each of the block's 16 rows."""
+    array = _padded_rows(array)
+    return array.reshape(-1, BLOCK_ROWS, array.shape[1]).transpose(0, 2, 1).reshape(-1, array.shape[1] * BLOCK_ROWS)
 
 
 def _fp16(raw: np.ndarray) -> np.ndarray:
@@ -181,37 +186,47 @@ _UNPACKERS = {
 
 def dequantize_reference(weight: PackedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The packed weight as a dense [out, in] tensor with torch ops only: the portable (any device) path."""
-    u = _unsigned_quants(weight).to(torch.float32)
-    a, b = _group_scales(weight)  # per 16 weights
-    values = u.reshape(weight.out_features, -1, 16) * a.unsqueeze(-1) - b.unsqueeze(-1)
-    return values.reshape(weight.out_features, -1)[:, : weight.in_features].to(dtype)
+    rows = weight.out_features
+    u = _unsigned_quants(weight).to(torch.float32)  # [blocks * 16, in]
+    a, b = _group_scales(weight)  # [blocks * 16, groups]
+    values = u.reshape(u.shape[0], a.shape[1], -1) * a.unsqueeze(-1) - b.unsqueeze(-1)
+    return values.reshape(u.shape[0], -1)[:rows].to(dtype)
+
+
+def _deinterleave(steps: torch.Tensor) -> torch.Tensor:
+    """[blocks, steps, 64] -> [blocks * 16, steps * 4]."""
+    blocks = steps.shape[0]
+    return steps.reshape(blocks, -1, BLOCK_ROWS, 4).permute(0, 2, 1, 3).reshape(blocks * BLOCK_ROWS, -1)
 
 
 def _unsigned_quants(weight: PackedWeight) -> torch.Tensor:
-    rows = weight.out_features
+    blocks = weight.quants.shape[0]
     bits = QUANT_BITS[weight.qtype]
+    packed = weight.quants.to(torch.int32).reshape(blocks, -1, 1, 64)
     if bits == 8:
-        return weight.quants.to(torch.int32)
-    packed = weight.quants.to(torch.int32).reshape(rows, -1, 1, 64)
-    u = ((packed >> torch.tensor([0, 4], device=packed.device).reshape(1, 1, 2, 1)) & 0x0F).reshape(rows, -1)
-    high = weight.high.to(torch.int32)
-    if bits == 5:
-        bit = (high.unsqueeze(-1) >> torch.arange(8, device=high.device)) & 1
-        u = u | (bit.reshape(rows, -1) << 4)
-    elif bits == 6:
-        pairs = (high.reshape(rows, -1, 1, 16) >> (2 * torch.arange(4, device=high.device)).reshape(1, 1, 4, 1)) & 3
-        u = u | (pairs.reshape(rows, -1) << 4)
-    return u
+        return _deinterleave(packed.reshape(blocks, -1, 64))
+    steps = (packed >> torch.tensor([0, 4], device=packed.device).reshape(1, 1, 2, 1)) & 0x0F
+    steps = steps.reshape(blocks, -1, 64)
+    if bits > 4:
+        masks = weight.high.to(torch.int32).reshape(blocks, steps.shape[1], bits - 4, 8, 1)
+        bit_values = (masks >> torch.arange(8, device=masks.device)) & 1  # [blocks, steps, bits, 8, 8]
+        for i in range(bits - 4):
+            steps = steps | (bit_values[:, :, i].reshape(blocks, -1, 64) << (4 + i))
+    return _deinterleave(steps)
 
 
 def _group_scales(weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    d = weight.d.view(torch.float16).to(torch.float32)
+    """Per row and group of 32 weights (16 for Q6_K): a and b of w = a * u - b."""
+    def rows(plane: torch.Tensor) -> torch.Tensor:  # [blocks, groups * 16] -> [blocks * 16, groups]
+        blocks = plane.shape[0]
+        return plane.reshape(blocks, -1, BLOCK_ROWS).permute(0, 2, 1).reshape(blocks * BLOCK_ROWS, -1)
+
+    d = rows(weight.d).view(torch.float16).to(torch.float32)
     if weight.qtype in SIMPLE_OFFSETS:
-        a = d.repeat_interleave(2, dim=1)
-        return a, a * SIMPLE_OFFSETS[weight.qtype]
+        return d, d * SIMPLE_OFFSETS[weight.qtype]
     if weight.qtype == T.Q6_K:
-        a = d.repeat_interleave(16, dim=1) * weight.sc.to(torch.float32)
+        a = d.repeat_interleave(16, dim=1) * rows(weight.sc).to(torch.float32)
         return a, a * Q6_K_OFFSET
-    a = (d.repeat_interleave(8, dim=1) * weight.sc.to(torch.float32)).repeat_interleave(2, dim=1)
-    b = (weight.dmin.view(torch.float16).to(torch.float32).repeat_interleave(8, dim=1) * weight.m.to(torch.float32)).repeat_interleave(2, dim=1)
+    a = d.repeat_interleave(8, dim=1) * rows(weight.sc).to(torch.float32)
+    b = rows(weight.dmin).view(torch.float16).to(torch.float32).repeat_interleave(8, dim=1) * rows(weight.m).to(torch.float32)
     return a, b

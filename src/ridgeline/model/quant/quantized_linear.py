@@ -24,7 +24,7 @@ class QuantizedLinear(nn.Module):
     def __init__(self, weight: PackedWeight, bias: torch.Tensor | None, crossover: int):
         super().__init__()
         self.qtype, self.in_features, self.out_features = weight.qtype, weight.in_features, weight.out_features
-        self.padded_in, self.crossover = weight.padded_in, crossover
+        self.crossover = crossover
         for name, plane in zip(_PLANE_NAMES, weight.planes):
             self.register_buffer(name, plane, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32), persistent=False)
@@ -36,8 +36,8 @@ class QuantizedLinear(nn.Module):
         self._gemv = functools.partial(kernels.gemv, weight)
         module = kernels.compiled() if kernels.uses_compiled_kernels(weight) else None
         if module is not None:
-            planes, qtype, padded_in = weight.planes, int(weight.qtype), weight.padded_in
-            self._gemv = lambda x: module.gemv(qtype, x, *planes, padded_in)
+            planes, qtype, rows = weight.planes, int(weight.qtype), weight.out_features
+            self._gemv = lambda x: module.gemv(qtype, x, *planes, rows)
 
     @classmethod
     def from_stored(
@@ -56,7 +56,7 @@ class QuantizedLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)  # moves the plane buffers; rebuild the view the kernels take
         planes = [getattr(self, name) for name in _PLANE_NAMES]
-        self._bind(PackedWeight(self.qtype, self.out_features, self.in_features, self.padded_in, *planes))
+        self._bind(PackedWeight(self.qtype, self.out_features, self.in_features, *planes))
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
