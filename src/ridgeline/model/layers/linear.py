@@ -3,10 +3,11 @@
 How a weight is held is the model's `weights` option: "quantized" keeps GGUF blocks quantised in memory and runs
 the phase-aware kernels (model/quant); "bf16" and "f32" dequantise once at load (the reference and comparison paths).
 
-A quantised matmul has two paths, the seed's two phases made into code: rows of prompt tokens (prefill) take the
-compute-bound path (dequantise to bf16, GEMM), rows of generated tokens (decode) the memory-bound one (stream the
-quantised bytes once, int8 dot products). The path follows what a row *is*, never how many rows share the step:
-both paths give each row the same bits whatever the row count, so a request's tokens do not depend on its batch.
+A quantised matmul has two paths, the seed's two phases made into code: rows of generated tokens (decode) take the
+memory-bound one (stream the quantised bytes once, int8 dot products), rows of prompt tokens (prefill) the path
+this machine measured fastest for prefill-sized chunks (QuantizedLinear.prompt_rows). The path follows what a row
+*is*, never how many rows share the step: both paths give each row the same bits whatever the row count, so a
+request's tokens do not depend on its batch.
 """
 
 from dataclasses import dataclass
@@ -62,10 +63,12 @@ class PhaseAwareLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, paths: RowPaths) -> torch.Tensor:
         layer = self.quantized
+        if not layer.prompt_uses_gemm:  # both kinds of row take the int8 kernel: no need to split them
+            return layer.memory_bound(x)
         if paths.compute_rows is None:
-            return layer.compute_bound(x) if paths.all_compute else layer.memory_bound(x)
+            return layer.prompt_rows(x) if paths.all_compute else layer.memory_bound(x)
         out = x.new_empty(x.shape[0], layer.out_features)
-        out[paths.compute_rows] = layer.compute_bound(x[paths.compute_rows])
+        out[paths.compute_rows] = layer.prompt_rows(x[paths.compute_rows])
         out[paths.memory_rows] = layer.memory_bound(x[paths.memory_rows])
         return out
 

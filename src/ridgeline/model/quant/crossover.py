@@ -17,7 +17,7 @@ from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import pack
 from ridgeline.model.quant.random_blocks import random_stored
 
-CANDIDATE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+CANDIDATE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 PROBE_SHAPE = (2048, 1024)  # (out, in): an MLP-sized matrix that fits in L2+L3 like the model's do
 _in_process: dict[str, int] = {}
 

@@ -1,8 +1,10 @@
 """A linear layer whose GGUF weight stays quantised in memory, with the path chosen by how many rows come in.
 
-Few rows (decode, small batches) are memory-bound: stream the quantised bytes once through the int8 gemv.
-Many rows (prefill) are compute-bound: dequantise the weight to bf16 once for this call and run a GEMM.
-The switch point is measured per machine (crossover.py), not guessed.
+Few rows (decode, small batches) are memory-bound: stream the quantised bytes once through the int8 kernel.
+Many rows (prefill) are compute-bound: either the same int8 kernel, whose 16-row x 8-activation tiles keep the
+dot-product units busy, or dequantise the weight to bf16 once per call and run a GEMM. Which wins from how many
+rows is measured per machine (crossover.py), not guessed. On AVX-512 VNNI machines the int8 kernel wins up to
+hundreds of rows; off the CPU (no compiled kernels) the GEMM always does.
 """
 
 import functools
@@ -16,6 +18,7 @@ from ridgeline.model.quant.packing import PackedWeight, pack
 from ridgeline.model.weights import StoredTensor
 
 _PLANE_NAMES = ("quants", "high", "d", "dmin", "sc", "m")
+PREFILL_CHUNK_ROWS = 256  # prompt rows take the GEMM when it wins at a chunk of this size (a typical prefill chunk)
 
 
 class QuantizedLinear(nn.Module):
@@ -65,8 +68,19 @@ class QuantizedLinear(nn.Module):
         y = self.memory_bound(rows) if rows.shape[0] < self.crossover else self.compute_bound(rows)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def prompt_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] of prompt tokens: the path this machine's crossover picks for prefill-sized chunks.
+
+        Fixed per layer, not per call, so a prompt row gets the same bits however its prompt was chunked.
+        """
+        return self.compute_bound(x) if self.prompt_uses_gemm else self.memory_bound(x)
+
+    @property
+    def prompt_uses_gemm(self) -> bool:
+        return self.crossover <= PREFILL_CHUNK_ROWS
+
     def memory_bound(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, in] -> [M, out]: stream the quantised weight once, int8 dot products (decode, few rows)."""
+        """x [M, in] -> [M, out]: stream the quantised weight once, int8 dot products (decode; prefill where it wins)."""
         return self._finish(self._gemv(x.to(torch.float32)), x.dtype)
 
     def compute_bound(self, x: torch.Tensor) -> torch.Tensor:
