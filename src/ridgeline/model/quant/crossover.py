@@ -64,7 +64,8 @@ def _best_of(call, repeats: int = 5) -> float:
 
 
 def _machine_key() -> str:
-    source_hash = hashlib.sha256(kernels.SOURCE.read_bytes()).hexdigest()[:12]
+    # The kernels' source and the probed row counts name the measurement: change either and it is redone.
+    source_hash = hashlib.sha256(kernels.SOURCE.read_bytes() + repr(CANDIDATE_ROWS).encode()).hexdigest()[:12]
     return f"{platform.processor() or platform.machine()}:{_cpu_model()}:threads={torch.get_num_threads()}:{source_hash}"
 
 
