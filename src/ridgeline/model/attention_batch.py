@@ -14,6 +14,7 @@ are computed independently, so that changes no bits.
 """
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -52,8 +53,8 @@ class ChunkView:
 class DecodeGroup:
     """One-row tiles with the same key count, attended in one batched call."""
 
-    rows: torch.Tensor  # [G] their rows in the flat batch
-    kv_slots: torch.Tensor  # [G, keys]
+    rows: slice | torch.Tensor  # their rows in the flat batch: a slice when consecutive (as in an all-decode step)
+    kv_slots: torch.Tensor  # [G * keys] cache slots, sequence by sequence
     mask: torch.Tensor  # [G, 1, 1, keys] bool
 
 
@@ -75,62 +76,86 @@ class AttentionBatch:
 
     @staticmethod
     def build(chunks: list[SeqChunk], block_size: int, windows: set[int | None], device: torch.device) -> "AttentionBatch":
-        tables = [torch.tensor(c.block_table, dtype=torch.long) for c in chunks]
-
-        def slots(table: torch.Tensor, begin: int, end: int) -> torch.Tensor:
-            pos = torch.arange(begin, end)
-            return table[pos // block_size] * block_size + pos % block_size
-
-        row_starts = [0]
-        for c in chunks:
-            row_starts.append(row_starts[-1] + len(c.token_ids))
-        positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
-        prompt_ends = torch.cat([torch.full((len(c.token_ids),), c.end if c.num_prompt_tokens is None
-                                            else c.num_prompt_tokens) for c in chunks])
+        # Per-token lists are built in Python and per-group tensors in a few vectorised ops: a decode step of B
+        # sequences would otherwise spend a dozen small torch calls per sequence and window.
+        row_starts = list(accumulate((len(c.token_ids) for c in chunks), initial=0))
+        positions = [p for c in chunks for p in range(c.start, c.end)]
+        is_prompt = [p < (c.end if c.num_prompt_tokens is None else c.num_prompt_tokens)
+                     for c in chunks for p in range(c.start, c.end)]
+        slot_mapping = [c.block_table[p // block_size] * block_size + p % block_size
+                        for c in chunks for p in range(c.start, c.end)]
         logit_rows = [r for c, start, end in zip(chunks, row_starts, row_starts[1:])
                       for r in (range(start, end) if c.all_logits else [end - 1])]
-
-        views = {}
-        for window in windows:
-            def key_start(tile: int) -> int:
-                return 0 if window is None else max(0, tile * block_size - window + 1)
-
-            decodes: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
-            chunk_views = []
-            for c, table, row_start in zip(chunks, tables, row_starts):
-                tiles = range(c.start // block_size, (c.end - 1) // block_size + 1)
-                first, last = key_start(tiles[0]), (tiles[-1] + 1) * block_size
-                if len(c.token_ids) == 1:
-                    k_pos = torch.arange(first, last)
-                    mask = k_pos <= c.start
-                    if window is not None:
-                        mask &= c.start - k_pos < window
-                    decodes.setdefault(last - first, []).append((row_start, slots(table, first, last), mask))
-                    continue
-                view = ChunkView(slots(table, first, last).to(device), [])
-                for tile in tiles:
-                    q_begin, q_end = max(c.start, tile * block_size), min(c.end, (tile + 1) * block_size)
-                    k_begin, k_end = key_start(tile), (tile + 1) * block_size
-                    q_pos = torch.arange(q_begin, q_end)[:, None]
-                    k_pos = torch.arange(k_begin, k_end)[None, :]
-                    mask = k_pos <= q_pos
-                    if window is not None:
-                        mask &= q_pos - k_pos < window
-                    rows = slice(row_start + q_begin - c.start, row_start + q_end - c.start)
-                    view.tiles.append(Tile(rows, slice(k_begin - first, k_end - first), mask.to(device)))
-                chunk_views.append(view)
-            groups = [DecodeGroup(torch.tensor([r for r, _, _ in members], device=device),
-                                  torch.stack([s for _, s, _ in members]).to(device),
-                                  torch.stack([m for _, _, m in members])[:, None, None, :].to(device))
-                      for members in decodes.values()]
-            views[window] = WindowViews(groups, chunk_views)
-
+        decodes = [(row, c) for c, row in zip(chunks, row_starts) if len(c.token_ids) == 1]
+        prefills = [(row, c) for c, row in zip(chunks, row_starts) if len(c.token_ids) > 1]
+        layout = _Layout(block_size, device)
+        views = {window: WindowViews(layout.decode_groups(decodes, window),
+                                     [layout.chunk_view(c, row, window) for row, c in prefills])
+                 for window in windows}
         return AttentionBatch(
             token_ids=torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long, device=device),
-            positions=positions.to(device),
-            slot_mapping=torch.cat([slots(t, c.start, c.end) for c, t in zip(chunks, tables)]).to(device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
             views=views,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
             logit_counts=[len(c.token_ids) if c.all_logits else 1 for c in chunks],
-            row_paths=RowPaths.from_prompt_mask((positions < prompt_ends).to(device)),
+            row_paths=RowPaths.from_prompt_mask(torch.tensor(is_prompt, dtype=torch.bool, device=device)),
         )
+
+
+@dataclass
+class _Layout:
+    """Where the keys of each tile live and which of them it may see, for one step."""
+
+    block_size: int
+    device: torch.device
+
+    def key_start(self, tile: int, window: int | None) -> int:
+        return 0 if window is None else max(0, tile * self.block_size - window + 1)
+
+    def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Cache slots of `positions` [G, n] in the sequences with block tables `tables` [G, blocks]."""
+        return tables.gather(1, positions // self.block_size) * self.block_size + positions % self.block_size
+
+    def decode_groups(self, decodes: list[tuple[int, SeqChunk]], window: int | None) -> list[DecodeGroup]:
+        by_keys: dict[int, list[tuple[int, SeqChunk, int]]] = {}
+        for row, c in decodes:
+            tile = c.start // self.block_size
+            first = self.key_start(tile, window)
+            by_keys.setdefault((tile + 1) * self.block_size - first, []).append((row, c, first))
+        groups = []
+        for keys, members in by_keys.items():
+            # the blocks up to each query's own, zero-padded to a rectangle (padding is never read)
+            width = max(c.start // self.block_size + 1 for _, c, _ in members)
+            tables = torch.tensor([(c.block_table + [0] * width)[:width] for _, c, _ in members])
+            k_pos = torch.tensor([first for _, _, first in members])[:, None] + torch.arange(keys)
+            q_pos = torch.tensor([c.start for _, c, _ in members])[:, None]
+            rows = [row for row, _, _ in members]
+            consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+            groups.append(DecodeGroup(
+                slice(rows[0], rows[0] + len(rows)) if consecutive else torch.tensor(rows, device=self.device),
+                self.slots(tables, k_pos).view(-1).to(self.device),
+                attend_mask(q_pos, k_pos, window)[:, None, None, :].to(self.device),
+            ))
+        return groups
+
+    def chunk_view(self, c: SeqChunk, row_start: int, window: int | None) -> ChunkView:
+        tiles = range(c.start // self.block_size, (c.end - 1) // self.block_size + 1)
+        first, last = self.key_start(tiles[0], window), (tiles[-1] + 1) * self.block_size
+        table = torch.tensor(c.block_table, dtype=torch.long)[None, :]
+        view = ChunkView(self.slots(table, torch.arange(first, last)[None, :])[0].to(self.device), [])
+        for tile in tiles:
+            q_begin, q_end = max(c.start, tile * self.block_size), min(c.end, (tile + 1) * self.block_size)
+            k_begin, k_end = self.key_start(tile, window), (tile + 1) * self.block_size
+            mask = attend_mask(torch.arange(q_begin, q_end)[:, None], torch.arange(k_begin, k_end)[None, :], window)
+            rows = slice(row_start + q_begin - c.start, row_start + q_end - c.start)
+            view.tiles.append(Tile(rows, slice(k_begin - first, k_end - first), mask.to(self.device)))
+        return view
+
+
+def attend_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """True where a query may attend a key: causal, and inside the sliding window if there is one."""
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= q_pos - k_pos < window
+    return mask

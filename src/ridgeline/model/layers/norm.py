@@ -5,6 +5,8 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
+    """Normalises the last dim; the weight is [dim], or [heads, dim] for a per-head scale (attention's QK-norm)."""
+
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
         self.weight = nn.Parameter(weight.float(), requires_grad=False)
@@ -12,6 +14,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 whatever the activation dtype (bf16 sums of squares lose too much); torch's fused
-        # kernel, because the decode step calls this ~110 times and per-call overhead adds up.
-        normed = nn.functional.rms_norm(x.float(), self.weight.shape, self.weight, self.eps)
+        # kernel, because the decode step calls this ~90 times and per-call overhead adds up.
+        normed = nn.functional.rms_norm(x.float(), x.shape[-1:], eps=self.eps) * self.weight
         return normed.to(x.dtype)

@@ -12,13 +12,13 @@ class RotaryEmbedding:
         self.inv_freq = (inv_freq / linear_factor).float().to(device)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of shape [T, 1, head_dim/2]: computed once per forward pass and shared by all layers."""
+        """cos and sin of shape [T, 1, head_dim], both halves alike: computed once per forward pass, shared by all layers."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]
-        return angles.cos()[:, None, :], angles.sin()[:, None, :]
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+        return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    """x: [T, heads, head_dim]. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), computed in fp32 as whole rows."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
