@@ -1,15 +1,17 @@
-"""ridgeline serve vs llama.cpp's server, side by side on one machine and model: N concurrent streams.
+"""ridgeline serve vs llama.cpp's servers, side by side on one machine and model: N concurrent streams.
 
     .venv/bin/python benchmarks/serve_vs_llamacpp.py [--concurrency 8] [--num-prompts 16] [--threads 2] [--model PATH] [--json]
 
-Each server runs in turn on a loopback port with the same model and thread count and is loaded by
-`ridgeline bench serve`'s library (≈96-token prompts, 128 output tokens, greedy) after a short warm-up.
-llama.cpp is llama-cpp-python[server] in its own environment (benchmarks/.venv-llamacpp, built on first use).
+Three servers run in turn on a loopback port with the same model and thread count, each loaded by
+`ridgeline bench serve`'s library (≈96-token prompts, 128 output tokens, greedy) after a short warm-up:
+  - ridgeline serve, with --max-num-seqs CONCURRENCY;
+  - llama.cpp's C++ llama-server with CONCURRENCY parallel slots (-np), the peer the target is set against
+    (built on first use into benchmarks/.llamacpp-tools by llamacpp_tools.py);
+  - llama-cpp-python[server] (benchmarks/.venv-llamacpp, built on first use), which decodes one request at a time.
 The whole run holds /tmp/ridgeline-cpu.lock so nothing else shares the CPUs.
 
-Target (issue 5): ridgeline >= 1.5x llama.cpp's aggregate output tok/s, with mean TTFT and p99 ITL no worse.
-llama-cpp-python's server decodes one request at a time (no parallel slots), so the reference figures of the
-C++ `llama-server -np 8` measured on this machine (shared/reference/README.md) are printed beside it.
+Target (issue 5): ridgeline >= 1.5x llama-server's aggregate output tok/s, with mean TTFT and p99 ITL no worse.
+(An earlier llama-server -np 8 measurement on this machine is in shared/reference/README.md.)
 """
 
 import argparse
@@ -25,14 +27,13 @@ from pathlib import Path
 
 import httpx
 from llamacpp_env import CPU_LOCK, LLAMA_CPP_PYTHON, llamacpp_python
+from llamacpp_tools import llama_server
 
 import ridgeline.perf.bench_serve as bench_serve_library
 from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
 from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 
-# llama-server -np 8 on this machine, 8 streams of ≈95-token prompts and 128 tokens (shared/reference/README.md).
-LLAMA_SERVER_REFERENCE = {"output_tokens_per_s": (88, 106), "ttft_mean_ms": (1100, 1300), "itl_mean_ms": (67, 81)}
-THROUGHPUT_TARGET = 1.5
+THROUGHPUT_TARGET = 1.5  # x llama-server's aggregate output tok/s
 
 
 def free_port() -> int:
@@ -46,7 +47,16 @@ def ridgeline_command(model: Path, port: int, args: argparse.Namespace) -> list[
             "--threads", str(args.threads), "--max-num-seqs", str(args.concurrency), "--kv-cache-memory", "512MiB"]
 
 
-def llamacpp_command(python: Path, model: Path, port: int, args: argparse.Namespace) -> list[str]:
+def llama_server_command(binary: Path, model: Path, port: int, args: argparse.Namespace) -> list[str]:
+    # llama-server splits its context evenly over the slots, each a multiple of 256 tokens; 2x the words leaves
+    # room for words of several tokens.
+    slot_context = -(-2 * (args.input_len + args.output_len) // 256) * 256
+    context = args.concurrency * slot_context
+    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
+            "-np", str(args.concurrency), "-c", str(context)]
+
+
+def llamacpp_python_command(python: Path, model: Path, port: int, args: argparse.Namespace) -> list[str]:
     return [str(python), "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
             "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "4096",
             "--interrupt_requests", "False"]  # by default a new request cuts the running stream short
@@ -85,7 +95,8 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
     try:
         wait_until_ready(server, url + ready_path, f"{name} did not start; see {log.name}")
         level = LoadLevel(concurrency=args.concurrency)
-        warm_up = BenchServeConfig(url, num_prompts=args.concurrency, input_len=args.input_len, output_len=8)
+        # Other prompts than the measured ones, so that no server answers the measured requests from its prompt cache.
+        warm_up = BenchServeConfig(url, num_prompts=args.concurrency, input_len=args.input_len, output_len=8, seed=1)
         bench_serve(warm_up, [level])
         config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
                                   output_len=args.output_len, max_seconds=args.max_seconds)
@@ -127,8 +138,8 @@ def figures(level: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file (default: the bundled Gemma 3 270M Q4_K_M)")
-    parser.add_argument("--threads", type=int, default=2, help="threads for both servers")
-    parser.add_argument("--concurrency", type=int, default=8, help="concurrent streams")
+    parser.add_argument("--threads", type=int, default=2, help="threads for every server")
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent streams (and llama-server's slots)")
     parser.add_argument("--num-prompts", type=int, default=16, help="requests per server")
     parser.add_argument("--input-len", type=int, default=96, help="prompt length in words (≈ tokens)")
     parser.add_argument("--output-len", type=int, default=128, help="output tokens per request")
@@ -137,44 +148,52 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     model = resolve_model_path(args.model)
-    python = with_server_extras(llamacpp_python())  # builds the environment first if needed (takes the CPU lock)
+    # Both build on first use (taking the CPU lock themselves), before the measurements take it.
+    binary = llama_server()
+    python = with_server_extras(llamacpp_python())
 
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        ours = figures(measure("ridgeline", ridgeline_command(model, free_port(), args), "/health", args))
+        results = {
+            "ridgeline": measure("ridgeline", ridgeline_command(model, free_port(), args), "/health", args),
+            "llama-server": measure("llama-server", llama_server_command(binary, model, free_port(), args),
+                                    "/health", args),
+        }
         with banned_end_tokens(sorted(read_checkpoint(model).load_tokenizer().eos_ids)):
-            theirs = figures(measure("llama-cpp-python", llamacpp_command(python, model, free_port(), args), "/v1/models", args))
+            results["llama-cpp-python"] = measure(
+                "llama-cpp-python", llamacpp_python_command(python, model, free_port(), args), "/v1/models", args)
+    results = {name: figures(level) for name, level in results.items()}
 
-    ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
+    ours, peer = results["ridgeline"], results["llama-server"]
+    ratio = ours["output_tokens_per_s"] / peer["output_tokens_per_s"]
     verdict = {
         "throughput": ratio >= THROUGHPUT_TARGET,
-        "ttft_mean": ours["ttft_mean_ms"] <= theirs["ttft_mean_ms"],
-        "itl_p99": ours["itl_p99_ms"] <= theirs["itl_p99_ms"],
+        "ttft_mean": ours["ttft_mean_ms"] <= peer["ttft_mean_ms"],
+        "itl_p99": ours["itl_p99_ms"] <= peer["itl_p99_ms"],
     }
     if args.json:
-        print(json.dumps({"ridgeline": ours, "llama_cpp_python": theirs, "throughput_ratio": ratio, "target_met": verdict,
-                          "llama_server_reference": LLAMA_SERVER_REFERENCE}, indent=2))
+        print(json.dumps(results | {"throughput_ratio_vs_llama_server": ratio, "target_met": verdict}, indent=2))
         return
     print(f"{model.name}: {args.concurrency} concurrent streams, {args.num_prompts} requests, "
           f"{args.input_len}-word prompts, {args.output_len} tokens out, {args.threads} threads")
-    print(f"{'':24} {'ridgeline':>12} {'llama-cpp-py':>12} {'llama-server ref':>18}")
-    reference = LLAMA_SERVER_REFERENCE
-    rows = [
-        ("output tok/s", "output_tokens_per_s", "{:.1f}", reference["output_tokens_per_s"]),
-        ("TTFT mean (ms)", "ttft_mean_ms", "{:.0f}", reference["ttft_mean_ms"]),
-        ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}", None),
-        ("ITL mean (ms)", "itl_mean_ms", "{:.1f}", reference["itl_mean_ms"]),
-        ("ITL p99 (ms)", "itl_p99_ms", "{:.1f}", None),
-        ("completed / failed", None, None, None),
-    ]
-    for label, key, fmt, ref in rows:
-        if key is None:
-            print(f"{label:24} {ours['completed']:>7} / {ours['failed']:<2} {theirs['completed']:>7} / {theirs['failed']:<2}")
-            continue
-        ref_text = f"{ref[0]}-{ref[1]}" if ref else "-"
-        print(f"{label:24} {fmt.format(ours[key]):>12} {fmt.format(theirs[key]):>12} {ref_text:>18}")
-    print(f"throughput ratio vs llama-cpp-python: {ratio:.2f}x (target {THROUGHPUT_TARGET}x) "
+    print_table(results)
+    print(f"throughput ratio vs llama-server: {ratio:.2f}x (target {THROUGHPUT_TARGET}x); "
           + ", ".join(f"{k}: {'met' if ok else 'missed'}" for k, ok in verdict.items()))
+
+
+def print_table(results: dict[str, dict]) -> None:
+    rows = [
+        ("output tok/s", "output_tokens_per_s", "{:.1f}"),
+        ("TTFT mean (ms)", "ttft_mean_ms", "{:.0f}"),
+        ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}"),
+        ("ITL mean (ms)", "itl_mean_ms", "{:.1f}"),
+        ("ITL p99 (ms)", "itl_p99_ms", "{:.1f}"),
+    ]
+    print(f"{'':20}" + "".join(f"{name:>18}" for name in results))
+    for label, key, fmt in rows:
+        print(f"{label:20}" + "".join(f"{fmt.format(column[key]):>18}" for column in results.values()))
+    completion = (f"{column['completed']} / {column['failed']}" for column in results.values())
+    print(f"{'completed / failed':20}" + "".join(f"{text:>18}" for text in completion))
 
 
 if __name__ == "__main__":
