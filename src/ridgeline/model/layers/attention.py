@@ -63,7 +63,9 @@ class PagedAttention(nn.Module):
         """The query heads sharing a KV head are laid out as extra queries (fast GQA)."""
         length = q.shape[0]
         queries = q.view(length, self.num_kv_heads, self.groups, self.head_dim).permute(1, 2, 0, 3)
-        queries = queries.reshape(self.num_kv_heads, self.groups * length, self.head_dim)
-        out = sdpa(queries, keys, values, attn_mask=mask.repeat(self.groups, 1), scale=self.scale)
+        queries = queries.reshape(1, self.num_kv_heads, self.groups * length, self.head_dim)
+        # 4-D like _decodes: SDPA sends 3-D inputs to its math backend and 4-D ones to its flash kernel, whose
+        # bits differ; on the same backend a row gets the same bits as a decode as in a tile.
+        out = sdpa(queries, keys[None], values[None], attn_mask=mask.repeat(self.groups, 1), scale=self.scale)
         out = out.view(self.num_kv_heads, self.groups, length, self.head_dim).permute(2, 0, 1, 3)
         return out.reshape(length, self.num_heads, self.head_dim)
