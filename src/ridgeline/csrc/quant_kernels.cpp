@@ -358,6 +358,7 @@ torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-    module.def("gemv", &gemv, "Quantised weight x float activations via int8 dot products (memory-bound path)");
-    module.def("dequantize", &dequantize, "Selected rows of a packed quantised weight as float32/bfloat16");
+    using release_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
+    module.def("gemv", &gemv, "Quantised weight x float activations via int8 dot products (memory-bound path)", release_gil());
+    module.def("dequantize", &dequantize, "Selected rows of a packed quantised weight as float32/bfloat16", release_gil());
 }
