@@ -1,6 +1,6 @@
 """Chunked prefill: 8 streams decoding when a 2,000-token prompt arrives; their inter-token latency with and without.
 
-    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/chunked_prefill_itl.py [--threads 2] [--budgets 256] [--json]
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/chunked_prefill_itl.py [--threads 2] [--budgets 64,256] [--json]
 
 For each scheduler setting (chunked at each --budgets token budget, then unchunked: the whole prompt in one step
 beside the decodes), a fresh engine runs --streams requests of --stream-prompt random ids generating
@@ -54,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: the bundled model)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--budgets", default="256", help="comma-separated max_num_batched_tokens for the chunked runs")
+    parser.add_argument("--budgets", default="64,256", help="comma-separated max_num_batched_tokens for the chunked runs")
     parser.add_argument("--streams", type=int, default=8, help="sequences decoding when the long prompt arrives")
     parser.add_argument("--stream-prompt", type=int, default=64, help="prompt tokens of each stream")
     parser.add_argument("--stream-tokens", type=int, default=64, help="tokens each stream generates")
