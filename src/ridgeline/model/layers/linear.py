@@ -5,7 +5,7 @@ the phase-aware kernels (model/quant); "bf16" and "f32" dequantise once at load 
 
 A quantised matmul has two paths, the seed's two phases made into code: rows of generated tokens (decode) take the
 memory-bound one (stream the quantised bytes once, int8 dot products), rows of prompt tokens (prefill) the path
-this machine measured fastest for prefill-sized chunks (QuantizedLinear.prompt_rows). The path follows what a row
+this machine measured fastest for prefill-sized chunks (QuantizedLinear.prompt_uses_gemm). The path follows what a row
 *is*, never how many rows share the step: both paths give each row the same bits whatever the row count, so a
 request's tokens do not depend on its batch.
 """
@@ -66,9 +66,9 @@ class PhaseAwareLinear(nn.Module):
         if not layer.prompt_uses_gemm:  # both kinds of row take the int8 kernel: no need to split them
             return layer.memory_bound(x)
         if paths.compute_rows is None:
-            return layer.prompt_rows(x) if paths.all_compute else layer.memory_bound(x)
+            return layer.compute_bound(x) if paths.all_compute else layer.memory_bound(x)
         out = x.new_empty(x.shape[0], layer.out_features)
-        out[paths.compute_rows] = layer.prompt_rows(x[paths.compute_rows])
+        out[paths.compute_rows] = layer.compute_bound(x[paths.compute_rows])
         out[paths.memory_rows] = layer.memory_bound(x[paths.memory_rows])
         return out
 

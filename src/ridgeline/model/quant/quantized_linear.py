@@ -28,6 +28,9 @@ class QuantizedLinear(nn.Module):
         super().__init__()
         self.qtype, self.in_features, self.out_features = weight.qtype, weight.in_features, weight.out_features
         self.crossover = crossover
+        # Prompt rows take the GEMM only where it wins at a prefill-sized chunk. Fixed per layer, not per call,
+        # so a prompt row gets the same bits however its prompt was chunked.
+        self.prompt_uses_gemm = crossover <= PREFILL_CHUNK_ROWS
         for name, plane in zip(_PLANE_NAMES, weight.planes):
             self.register_buffer(name, plane, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32), persistent=False)
@@ -67,17 +70,6 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         y = self.memory_bound(rows) if rows.shape[0] < self.crossover else self.compute_bound(rows)
         return y.reshape(*x.shape[:-1], self.out_features)
-
-    def prompt_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, in] of prompt tokens: the path this machine's crossover picks for prefill-sized chunks.
-
-        Fixed per layer, not per call, so a prompt row gets the same bits however its prompt was chunked.
-        """
-        return self.compute_bound(x) if self.prompt_uses_gemm else self.memory_bound(x)
-
-    @property
-    def prompt_uses_gemm(self) -> bool:
-        return self.crossover <= PREFILL_CHUNK_ROWS
 
     def memory_bound(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] -> [M, out]: stream the quantised weight once, int8 dot products (decode; prefill where it wins)."""
