@@ -19,7 +19,7 @@ def make_runner(checkpoint, weights: str, num_blocks: int = 64):
     from ridgeline.model.transformer import ModelOptions, Transformer
 
     model = Transformer(checkpoint, ModelOptions(weights=weights))
-    return ModelRunner(model, KVCache(model.config, KVCacheConfig(dtype="fp32"), num_blocks, torch.device("cpu")))
+    return ModelRunner(model, KVCache.for_blocks(model.config, KVCacheConfig(dtype="fp32"), num_blocks, torch.device("cpu")))
 
 
 @pytest.fixture(scope="session")

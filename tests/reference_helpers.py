@@ -25,4 +25,4 @@ def teacher_forced_logits(runner, ids: list[int]) -> torch.Tensor:
     from ridgeline.model.attention_batch import SeqChunk
 
     blocks = -(-len(ids) // runner.kv_cache.block_size)
-    return runner.run([SeqChunk(ids, 0, list(range(blocks)), all_logits=True)])[0]
+    return runner.run([SeqChunk(ids, 0, runner.kv_cache.group_tables(list(range(blocks))), all_logits=True)])[0]

@@ -28,7 +28,7 @@ def tiny(request, tmp_path_factory):
 def runner_for(path) -> ModelRunner:
     checkpoint = read_checkpoint(path)
     model = Transformer(checkpoint, ModelOptions())
-    return ModelRunner(model, KVCache(checkpoint.config, KVCacheConfig(block_size=4, dtype="fp32"), 32, torch.device("cpu")))
+    return ModelRunner(model, KVCache.for_blocks(checkpoint.config, KVCacheConfig(block_size=4, dtype="fp32"), 32, torch.device("cpu")))
 
 
 def assert_close(actual, expected):
@@ -40,14 +40,14 @@ def test_logits_match_transformers(tiny, source):
     arch, directory, expected = tiny
     runner = runner_for(directory if source == "safetensors" else directory / "model.gguf")
     assert runner.model.config.architecture == arch
-    logits = runner.run([SeqChunk(PROMPT, 0, list(range(5)), all_logits=True)])[0]
+    logits = runner.run([SeqChunk(PROMPT, 0, runner.kv_cache.group_tables(list(range(5))), all_logits=True)])[0]
     assert_close(logits, expected)
 
 
 def test_chunked_prefill_and_decode_rows_match_one_pass(tiny):
     _, directory, expected = tiny
     runner = runner_for(directory / "model.gguf")
-    blocks = list(range(5))
+    blocks = runner.kv_cache.group_tables(list(range(5)))
     first = runner.run([SeqChunk(PROMPT[:7], 0, blocks, all_logits=True)])[0]
     second = runner.run([SeqChunk(PROMPT[7:15], 7, blocks, all_logits=True)])[0]
     decodes = [runner.run([SeqChunk([PROMPT[i]], i, blocks)])[0] for i in range(15, len(PROMPT))]
@@ -58,10 +58,11 @@ def test_ragged_batch_matches_each_sequence_alone(tiny):
     _, directory, expected = tiny
     runner = runner_for(directory / "model.gguf")
     # sequence A is mid-decode (prefilled first), B prefills in the same step as A's decode row
-    runner.run([SeqChunk(PROMPT[:12], 0, [0, 1, 2])])
+    tables = runner.kv_cache.group_tables
+    runner.run([SeqChunk(PROMPT[:12], 0, tables([0, 1, 2]))])
     other = PROMPT[::-1][:9]
-    decode_row, prefill = runner.run([SeqChunk([PROMPT[12]], 12, [0, 1, 2, 3]),
-                                      SeqChunk(other, 0, [4, 5, 6], all_logits=True)])
+    decode_row, prefill = runner.run([SeqChunk([PROMPT[12]], 12, tables([0, 1, 2, 3])),
+                                      SeqChunk(other, 0, tables([4, 5, 6]), all_logits=True)])
     assert_close(decode_row[0], expected[12])
-    alone = runner_for(directory / "model.gguf").run([SeqChunk(other, 0, [0, 1, 2], all_logits=True)])[0]
+    alone = runner_for(directory / "model.gguf").run([SeqChunk(other, 0, tables([0, 1, 2]), all_logits=True)])[0]
     assert_close(prefill, alone)

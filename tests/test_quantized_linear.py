@@ -49,9 +49,10 @@ def test_paths_agree_around_the_crossover(stored):
 
 
 def test_crossover_defaults_to_a_measured_row_count(stored, tmp_path, monkeypatch):
+    from ridgeline.model import native
     from ridgeline.model.quant import crossover, kernels
 
-    monkeypatch.setattr(kernels, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(native, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(crossover, "measure_crossover", lambda qtype: {"crossover": 13})
     crossover._in_process.clear()
     layer = QuantizedLinear.from_stored(stored)

@@ -54,7 +54,7 @@ def test_teacher_forced_agreement_with_llamacpp(runner, case):
 def test_token_by_token_decode_agrees_with_llamacpp(runner, case):
     """Feeding llama.cpp's tokens one per step exercises the few-rows (decode) path rather than the prefill GEMM."""
     ids = case["prompt_ids"] + case["generated_ids"]
-    blocks = list(range(-(-len(ids) // runner.kv_cache.block_size)))
+    blocks = runner.kv_cache.group_tables(list(range(-(-len(ids) // runner.kv_cache.block_size))))
     prompt_len = len(case["prompt_ids"])
     errors = []
     row = runner.run([SeqChunk(case["prompt_ids"], 0, blocks, num_prompt_tokens=prompt_len)])[0][0]

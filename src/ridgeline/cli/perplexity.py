@@ -39,7 +39,7 @@ def perplexity_command(
     if ctx > checkpoint.config.max_context:
         raise RidgelineError(f"--ctx {ctx} exceeds the model's context of {checkpoint.config.max_context}")
     cache_config = KVCacheConfig(dtype="fp32")
-    runner = ModelRunner(model_, KVCache(checkpoint.config, cache_config, -(-ctx // cache_config.block_size),
+    runner = ModelRunner(model_, KVCache.for_blocks(checkpoint.config, cache_config, -(-ctx // cache_config.block_size),
                                          model_.options.device))
     try:
         text = file.read_text(encoding="utf-8")

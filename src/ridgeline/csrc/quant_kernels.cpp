@@ -18,7 +18,8 @@
 // the weight bytes are read once per call. dequantize: the compute-bound path's first half (a torch GEMM does
 // the rest). Each activation row's result takes the same operations in the same order whatever the number of
 // rows or the row's place in its tile, so a row's output does not depend on its batch.
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -244,6 +245,10 @@ Planes make_planes(torch::Tensor quants, torch::Tensor high, torch::Tensor d, to
     return {quants, high, d, dmin, sc, m};
 }
 
+}  // namespace
+
+namespace ridgeline {
+
 // x: [M, K] float32 with K a multiple of 32. Returns [M, rows] float32.
 torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::Tensor high, torch::Tensor d,
                    torch::Tensor dmin, torch::Tensor sc, torch::Tensor m, int64_t rows) {
@@ -355,10 +360,4 @@ torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high
     return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-    using release_gil = pybind11::call_guard<pybind11::gil_scoped_release>;
-    module.def("gemv", &gemv, "Quantised weight x float activations via int8 dot products (memory-bound path)", release_gil());
-    module.def("dequantize", &dequantize, "Selected rows of a packed quantised weight as float32/bfloat16", release_gil());
-}
+}  // namespace ridgeline

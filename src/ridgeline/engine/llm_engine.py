@@ -66,7 +66,8 @@ class LLMEngine:
         model = Transformer(checkpoint, config.model_options())
         cache_config = KVCacheConfig(config.scheduler.block_size, config.kv_cache.dtype, config.kv_cache.memory_bytes)
         self.num_blocks = blocks_for_budget(self.model_config, cache_config)
-        self.runner = ModelRunner(model, KVCache(self.model_config, cache_config, self.num_blocks, model.options.device))
+        self.runner = ModelRunner(model, KVCache.for_blocks(self.model_config, cache_config, self.num_blocks,
+                                                            model.options.device))
         self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_blocks)
         self.scheduler = Scheduler(config.scheduler, self.num_blocks, self.model_config.max_context,
                                    self.tokenizer.eos_ids)
@@ -161,7 +162,8 @@ class LLMEngine:
         state = self._states.get(chunk.seq.request_id)
         wants_prompt_logits = (state is not None and state.prompt_logprobs is not None
                                and chunk.start < chunk.seq.num_prompt_tokens)
-        return SeqChunk(chunk.token_ids, chunk.start, list(chunk.block_table), all_logits=wants_prompt_logits,
+        return SeqChunk(chunk.token_ids, chunk.start, self.runner.kv_cache.group_tables(list(chunk.block_table)),
+                        all_logits=wants_prompt_logits,
                         num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     def _collect_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:

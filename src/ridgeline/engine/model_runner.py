@@ -14,7 +14,7 @@ class ModelRunner:
 
     def forward(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, list[int]]:
         """One forward pass: all logit rows in chunk order ([1 or len(chunk), vocab] each) and their counts."""
-        batch = AttentionBatch.build(chunks, self.kv_cache.block_size, self.model.windows, self.model.options.device)
+        batch = AttentionBatch.build(chunks, self.kv_cache.block_size, self.model.group_windows, self.model.options.device)
         return self.model(batch, self.cache_layers), batch.logit_counts
 
     def run(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:

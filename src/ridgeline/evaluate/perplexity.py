@@ -25,9 +25,7 @@ def perplexity(runner: ModelRunner, token_ids: list[int], bos_id: int | None, ct
     windows = len(token_ids) // ctx
     if windows == 0:
         raise RidgelineError(f"the text has {len(token_ids)} tokens, fewer than one window of --ctx {ctx}")
-    blocks = list(range(-(-ctx // runner.kv_cache.block_size)))
-    if len(blocks) > runner.kv_cache.num_blocks:
-        raise RidgelineError(f"--ctx {ctx} needs {len(blocks)} KV blocks but the cache has {runner.kv_cache.num_blocks}")
+    tables = runner.kv_cache.group_tables(list(range(-(-ctx // runner.kv_cache.block_size))))
     first = ctx // 2
     nll_sum = nll_sq_sum = 0.0
     count = 0
@@ -35,7 +33,7 @@ def perplexity(runner: ModelRunner, token_ids: list[int], bos_id: int | None, ct
         window = token_ids[w * ctx:(w + 1) * ctx]
         if bos_id is not None:
             window = [bos_id] + window[1:]
-        logits = runner.run([SeqChunk(window, 0, blocks, all_logits=True)])[0]
+        logits = runner.run([SeqChunk(window, 0, tables, all_logits=True)])[0]
         log_probs = torch.log_softmax(logits[first:ctx - 1], dim=-1)
         targets = torch.tensor(window[first + 1:ctx])
         nll = -log_probs.gather(1, targets[:, None]).squeeze(1).double()

@@ -1,16 +1,10 @@
 """What one forward pass computes: chunks of tokens from several sequences, and where their keys live in the paged cache.
 
 The engine describes a step as a list of `SeqChunk`s (a decode is a 1-token chunk; prefill chunks are longer).
-`AttentionBatch.build` turns that into flat token rows plus, for every attention window the model uses
-(None = global), the cache slots each chunk reads and the mask that keeps it causal and inside its window.
-It is built once per step and shared by all layers.
-
-A request's tokens must not depend on how it was batched or chunked, and attention's float sums change with the
-key length they run over. So queries attend in tiles fixed by absolute position: the rows of positions
-[16k, 16k + 16) read keys [window start of 16k, 16k + 16) under a causal/window mask, whichever step computes
-them (a decode is a one-row tile). Keys past a row's own position are masked to exact zeros. One-row tiles with
-equal key counts (decodes; past the window, every sliding-window decode) share one batched call: batch entries
-are computed independently, so that changes no bits.
+`AttentionBatch.build` turns that into flat token rows, each with its sequence and the range of key positions
+it attends: [window start, own position] (causal, and inside the sliding window if its layer has one). Per
+layer group (model/kv_groups.py) it holds the block tables and the cache slots where the new tokens' K and V go.
+It is built once per step and shared by all layers; the attention kernel reads keys straight from the pages.
 """
 
 from dataclasses import dataclass
@@ -25,7 +19,9 @@ from ridgeline.model.layers.linear import RowPaths
 class SeqChunk:
     token_ids: list[int]  # tokens to compute this step
     start: int  # position of token_ids[0] in its sequence
-    block_table: list[int]  # cache blocks of the sequence, covering positions [0, start + len(token_ids))
+    # Per layer group, the page of each block of positions [0, start + len(token_ids)); a sliding-window group
+    # may hold -1 for a block wholly before the window of this chunk's first token (released, never read).
+    block_tables: list[list[int]]
     all_logits: bool = False  # logits for every token (perplexity, prompt logprobs) instead of just the last
     # Positions before this are prompt tokens, the rest were generated (None: all are prompt tokens).
     # It picks each row's matmul path (see RowPaths), so it must not depend on how the request was batched.
@@ -37,125 +33,57 @@ class SeqChunk:
 
 
 @dataclass
-class Tile:
-    rows: slice  # the tile's query rows in the flat batch
-    keys: slice  # its keys, as a range of the chunk's gathered keys
-    mask: torch.Tensor  # [rows, keys] bool, True = may attend
+class GroupView:
+    """One layer group's part of the step."""
 
-
-@dataclass
-class ChunkView:
-    kv_slots: torch.Tensor  # cache slots of every key any tile of the chunk reads, gathered once per layer
-    tiles: list[Tile]
-
-
-@dataclass
-class DecodeGroup:
-    """One-row tiles with the same key count, attended in one batched call."""
-
-    rows: slice | torch.Tensor  # their rows in the flat batch: a slice when consecutive (as in an all-decode step)
-    kv_slots: torch.Tensor  # [G * keys] cache slots, sequence by sequence
-    mask: torch.Tensor  # [G, 1, 1, keys] bool
-
-
-@dataclass
-class WindowViews:
-    decodes: list[DecodeGroup]
-    chunks: list[ChunkView]  # multi-token chunks, tile by tile
+    block_tables: torch.Tensor  # [chunks, blocks] int32 pages, -1 where released or past a chunk's end
+    slot_mapping: torch.Tensor  # [T] int64: the slot each token's K and V are written to
+    key_begin: torch.Tensor  # [T] int32: the first key position each row attends
 
 
 @dataclass
 class AttentionBatch:
     token_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    slot_mapping: torch.Tensor  # [T] where each token's K and V are written
-    views: dict[int | None, WindowViews]  # per attention window
+    row_seq: torch.Tensor  # [T] int32: each row's chunk
+    key_end: torch.Tensor  # [T] int32: one past the last key position each row attends (its own position)
+    block_size: int
+    row_starts: list[int]  # chunk i's rows are [row_starts[i], row_starts[i + 1])
+    groups: list[GroupView]  # per layer group
     logit_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
     logit_counts: list[int]  # how many logit rows each chunk gets
     row_paths: RowPaths  # which rows take the memory-bound and which the compute-bound matmul path
 
     @staticmethod
-    def build(chunks: list[SeqChunk], block_size: int, windows: set[int | None], device: torch.device) -> "AttentionBatch":
-        # Per-token lists are built in Python and per-group tensors in a few vectorised ops: a decode step of B
-        # sequences would otherwise spend a dozen small torch calls per sequence and window.
+    def build(chunks: list[SeqChunk], block_size: int, group_windows: list[int | None],
+              device: torch.device) -> "AttentionBatch":
         row_starts = list(accumulate((len(c.token_ids) for c in chunks), initial=0))
-        positions = [p for c in chunks for p in range(c.start, c.end)]
-        is_prompt = [p < (c.end if c.num_prompt_tokens is None else c.num_prompt_tokens)
-                     for c in chunks for p in range(c.start, c.end)]
-        slot_mapping = [c.block_table[p // block_size] * block_size + p % block_size
-                        for c in chunks for p in range(c.start, c.end)]
+        positions = torch.tensor([p for c in chunks for p in range(c.start, c.end)], dtype=torch.long)
+        row_seq = torch.repeat_interleave(torch.arange(len(chunks)), torch.tensor([len(c.token_ids) for c in chunks]))
+        is_prompt = torch.tensor([p < (c.end if c.num_prompt_tokens is None else c.num_prompt_tokens)
+                                  for c in chunks for p in range(c.start, c.end)], dtype=torch.bool)
         logit_rows = [r for c, start, end in zip(chunks, row_starts, row_starts[1:])
                       for r in (range(start, end) if c.all_logits else [end - 1])]
-        decodes = [(row, c) for c, row in zip(chunks, row_starts) if len(c.token_ids) == 1]
-        prefills = [(row, c) for c, row in zip(chunks, row_starts) if len(c.token_ids) > 1]
-        layout = _Layout(block_size, device)
-        views = {window: WindowViews(layout.decode_groups(decodes, window),
-                                     [layout.chunk_view(c, row, window) for row, c in prefills])
-                 for window in windows}
+        key_begins: dict[int | None, torch.Tensor] = {}
+        groups = []
+        for index, window in enumerate(group_windows):
+            width = max(len(c.block_tables[index]) for c in chunks)
+            tables = torch.tensor([c.block_tables[index] + [-1] * (width - len(c.block_tables[index])) for c in chunks],
+                                  dtype=torch.long)
+            slots = tables[row_seq, positions // block_size] * block_size + positions % block_size
+            if window not in key_begins:
+                key_begins[window] = (positions - window + 1).clamp(min=0) if window else torch.zeros_like(positions)
+            groups.append(GroupView(tables.to(device, torch.int32), slots.to(device),
+                                    key_begins[window].to(device, torch.int32)))
         return AttentionBatch(
             token_ids=torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
-            views=views,
+            positions=positions.to(device),
+            row_seq=row_seq.to(device, torch.int32),
+            key_end=(positions + 1).to(device, torch.int32),
+            block_size=block_size,
+            row_starts=row_starts,
+            groups=groups,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
             logit_counts=[len(c.token_ids) if c.all_logits else 1 for c in chunks],
-            row_paths=RowPaths.from_prompt_mask(torch.tensor(is_prompt, dtype=torch.bool, device=device)),
+            row_paths=RowPaths.from_prompt_mask(is_prompt.to(device)),
         )
-
-
-@dataclass
-class _Layout:
-    """Where the keys of each tile live and which of them it may see, for one step."""
-
-    block_size: int
-    device: torch.device
-
-    def key_start(self, tile: int, window: int | None) -> int:
-        return 0 if window is None else max(0, tile * self.block_size - window + 1)
-
-    def slots(self, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Cache slots of `positions` [G, n] in the sequences with block tables `tables` [G, blocks]."""
-        return tables.gather(1, positions // self.block_size) * self.block_size + positions % self.block_size
-
-    def decode_groups(self, decodes: list[tuple[int, SeqChunk]], window: int | None) -> list[DecodeGroup]:
-        by_keys: dict[int, list[tuple[int, SeqChunk, int]]] = {}
-        for row, c in decodes:
-            tile = c.start // self.block_size
-            first = self.key_start(tile, window)
-            by_keys.setdefault((tile + 1) * self.block_size - first, []).append((row, c, first))
-        groups = []
-        for keys, members in by_keys.items():
-            # the blocks up to each query's own, zero-padded to a rectangle (padding is never read)
-            width = max(c.start // self.block_size + 1 for _, c, _ in members)
-            tables = torch.tensor([(c.block_table + [0] * width)[:width] for _, c, _ in members])
-            k_pos = torch.tensor([first for _, _, first in members])[:, None] + torch.arange(keys)
-            q_pos = torch.tensor([c.start for _, c, _ in members])[:, None]
-            rows = [row for row, _, _ in members]
-            consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
-            groups.append(DecodeGroup(
-                slice(rows[0], rows[0] + len(rows)) if consecutive else torch.tensor(rows, device=self.device),
-                self.slots(tables, k_pos).view(-1).to(self.device),
-                attend_mask(q_pos, k_pos, window)[:, None, None, :].to(self.device),
-            ))
-        return groups
-
-    def chunk_view(self, c: SeqChunk, row_start: int, window: int | None) -> ChunkView:
-        tiles = range(c.start // self.block_size, (c.end - 1) // self.block_size + 1)
-        first, last = self.key_start(tiles[0], window), (tiles[-1] + 1) * self.block_size
-        table = torch.tensor(c.block_table, dtype=torch.long)[None, :]
-        view = ChunkView(self.slots(table, torch.arange(first, last)[None, :])[0].to(self.device), [])
-        for tile in tiles:
-            q_begin, q_end = max(c.start, tile * self.block_size), min(c.end, (tile + 1) * self.block_size)
-            k_begin, k_end = self.key_start(tile, window), (tile + 1) * self.block_size
-            mask = attend_mask(torch.arange(q_begin, q_end)[:, None], torch.arange(k_begin, k_end)[None, :], window)
-            rows = slice(row_start + q_begin - c.start, row_start + q_end - c.start)
-            view.tiles.append(Tile(rows, slice(k_begin - first, k_end - first), mask.to(self.device)))
-        return view
-
-
-def attend_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """True where a query may attend a key: causal, and inside the sliding window if there is one."""
-    mask = k_pos <= q_pos
-    if window is not None:
-        mask &= q_pos - k_pos < window
-    return mask

@@ -12,6 +12,7 @@ from torch import nn
 from ridgeline.errors import ModelLoadError, RidgelineError
 from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.checkpoint import Checkpoint
+from ridgeline.model.kv_groups import layer_groups
 from ridgeline.model.layers.attention import PagedAttention
 from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import WEIGHT_FORMATS, RowPaths, make_linear
@@ -67,13 +68,16 @@ class Transformer(nn.Module):
         def norm(name: str) -> RMSNorm:
             return RMSNorm(tensor(name).dequantize().to(options.device), config.rms_norm_eps)
 
+        groups = layer_groups(config)
+        group_of_layer = {layer: index for index, group in enumerate(groups) for layer in group.layers}
+        self.group_windows = [group.window for group in groups]
         layers = []
         for i in range(config.num_layers):
             p = f"blk.{i}"
             attention = PagedAttention(
                 linear(f"{p}.attn_q"), linear(f"{p}.attn_k"), linear(f"{p}.attn_v"), linear(f"{p}.attn_output"),
                 config.num_heads, config.num_kv_heads, config.head_dim, config.softmax_scale,
-                config.sliding_window if config.is_sliding(i) else None,
+                group_of_layer[i],
                 norm(f"{p}.attn_q_norm.weight") if config.qk_norm else None,
                 norm(f"{p}.attn_k_norm.weight") if config.qk_norm else None,
             )
@@ -97,7 +101,6 @@ class Transformer(nn.Module):
                                            divisors, options.device)
         self.rope_local = (RotaryEmbedding(config.head_dim, config.rope_local_theta, device=options.device)
                            if config.rope_local_theta else self.rope_global)
-        self.windows = {layer.attention.window for layer in layers}
 
     @torch.inference_mode()
     def forward(self, batch: AttentionBatch, kv_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -112,14 +112,14 @@ def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwi
     cache_config = KVCacheConfig(BLOCK_SIZE, "bf16", 0)
     tokens = config.prompt_tokens + config.gen_tokens
     num_blocks = -(-tokens // BLOCK_SIZE)
-    cache = KVCache(model_config, cache_config, num_blocks, torch.device("cpu"))
-    layers, table = cache.layers(), list(range(num_blocks))
+    cache = KVCache.for_blocks(model_config, cache_config, num_blocks, torch.device("cpu"))
+    layers, tables = cache.layers(), cache.group_tables(list(range(num_blocks)))
     generator = torch.Generator().manual_seed(config.seed)
     prompt = torch.randint(0, model_config.vocab_size, (config.prompt_tokens,), generator=generator).tolist()
 
     def forward(ids: list[int], start: int, num_prompt_tokens: int | None) -> torch.Tensor:
-        chunk = SeqChunk(ids, start, table, num_prompt_tokens=num_prompt_tokens)
-        return model(AttentionBatch.build([chunk], BLOCK_SIZE, model.windows, torch.device("cpu")), layers)
+        chunk = SeqChunk(ids, start, tables, num_prompt_tokens=num_prompt_tokens)
+        return model(AttentionBatch.build([chunk], BLOCK_SIZE, model.group_windows, torch.device("cpu")), layers)
 
     def prefill() -> None:
         forward(prompt, 0, None)  # prompt rows: the compute-bound path

@@ -13,6 +13,7 @@ import time
 import torch
 from gguf import GGMLQuantizationType
 
+from ridgeline.model import native
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import pack
 from ridgeline.model.quant.random_blocks import random_stored
@@ -26,7 +27,7 @@ def crossover_rows(qtype: GGMLQuantizationType) -> int:
     """Smallest row count at which the GEMM path is at least as fast as the gemv path on this machine."""
     key = f"{_machine_key()}:{qtype.name}"
     if key not in _in_process:
-        path = kernels.CACHE_DIR / "crossover.json"
+        path = native.CACHE_DIR / "crossover.json"
         cached = json.loads(path.read_text()) if path.exists() else {}
         if key not in cached:
             cached[key] = measure_crossover(qtype)["crossover"]
@@ -65,7 +66,7 @@ def _best_of(call, repeats: int = 5) -> float:
 
 def _machine_key() -> str:
     # The kernels' source and the probed row counts name the measurement: change either and it is redone.
-    source_hash = hashlib.sha256(kernels.SOURCE.read_bytes() + repr(CANDIDATE_ROWS).encode()).hexdigest()[:12]
+    source_hash = hashlib.sha256((native.CSRC / "quant_kernels.cpp").read_bytes() + repr(CANDIDATE_ROWS).encode()).hexdigest()[:12]
     return f"{platform.processor() or platform.machine()}:{_cpu_model()}:threads={torch.get_num_threads()}:{source_hash}"
 
 

@@ -12,6 +12,7 @@ import functools
 import torch
 from torch import nn
 
+from ridgeline.model.native import compiled
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.crossover import crossover_rows
 from ridgeline.model.quant.packing import PackedWeight, pack
@@ -40,7 +41,7 @@ class QuantizedLinear(nn.Module):
         # Resolve the kernel once, not per call: a decode step makes ~130 of these calls.
         self.weight = weight
         self._gemv = functools.partial(kernels.gemv, weight)
-        module = kernels.compiled() if kernels.uses_compiled_kernels(weight) else None
+        module = compiled() if kernels.uses_compiled_kernels(weight) else None
         if module is not None:
             planes, qtype, rows = weight.planes, int(weight.qtype), weight.out_features
             self._gemv = lambda x: module.gemv(qtype, x, *planes, rows)

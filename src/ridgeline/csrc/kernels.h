@@ -1,0 +1,19 @@
+// Entry points of ridgeline's compiled kernels, bound to Python in bindings.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace ridgeline {
+
+// quant_kernels.cpp
+torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::Tensor high, torch::Tensor d,
+                   torch::Tensor dmin, torch::Tensor sc, torch::Tensor m, int64_t rows);
+torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high, torch::Tensor d, torch::Tensor dmin,
+                         torch::Tensor sc, torch::Tensor m, int64_t rows, int64_t k, torch::Tensor index, bool bf16);
+
+// paged_attention.cpp
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                              torch::Tensor row_seq, torch::Tensor key_begin, torch::Tensor key_end,
+                              int64_t block_size, double scale);
+
+}  // namespace ridgeline

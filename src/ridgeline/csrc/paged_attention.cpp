@@ -1,0 +1,215 @@
+// Attention over a paged KV cache, one query row at a time.
+//
+// Row r attends keys [key_begin[r], key_end[r]) of sequence row_seq[r]; key position p lives in slot
+// block_tables[seq][p / block_size] * block_size + p % block_size of the layer's [slots, kv_heads, head_dim]
+// cache. A causal mask is key_end = position + 1, a sliding window raises key_begin: no mask tensors, no
+// gathered copies of K and V, and keys are read straight from the cache in its own dtype (bf16 or fp32).
+//
+// Why one row at a time: a request's tokens must not depend on how it was batched or chunked. Every row runs
+// the same operations in the same order whatever else is in the call (its scores key by key, a softmax over
+// exactly its keys, its values key by key), so a row computed as a decode, inside a prefill chunk of any size,
+// or next to other sequences gives the same bits. Work items are (row, KV head, bundle of the query heads
+// sharing it); the bundle only decides which heads share a pass over the keys, never a head's arithmetic.
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (accumulators stay in registers)
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load16(const uint16_t* p) {  // bf16 is the upper half of a float
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// e^x for x <= 0: x = n ln2 + r with |r| <= ln2 / 2, e^r by the Cephes expf polynomial, times 2^n.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts: exact first product
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+struct Item {
+    const float* q;       // [B, D]: the bundle's query heads
+    float* out;           // [B, D]
+    const int64_t* keys;  // element offset of each key's head vector in the K (and V) cache
+    int64_t n;            // number of keys
+};
+
+// Softmax(q k^T * scale) v for B query heads sharing one KV head. `scores` is [B, n] scratch.
+template <int B, typename KV>
+void attend(const Item& item, const KV* k_cache, const KV* v_cache, int64_t head_dim, float scale, float* scores) {
+    const int64_t n = item.n;
+    for (int64_t i = 0; i < n; ++i) {
+        const KV* key = k_cache + item.keys[i];
+        __m512 acc[B];
+        for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < head_dim; c += 16) {
+            const __m512 k = load16(key + c);
+            for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c), k, acc[b]);
+        }
+        for (int b = 0; b < B; ++b) scores[b * n + i] = _mm512_reduce_add_ps(acc[b]) * scale;
+    }
+    float inverse_sum[B];
+    for (int b = 0; b < B; ++b) {
+        float* s = scores + b * n;
+        __m512 max = _mm512_set1_ps(-INFINITY);
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 lanes = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+            max = _mm512_mask_max_ps(max, lanes, max, _mm512_maskz_loadu_ps(lanes, s + i));
+        }
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 lanes = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + i), top));
+            _mm512_mask_storeu_ps(s + i, lanes, e);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(lanes, e));
+        }
+        inverse_sum[b] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    for (int64_t c = 0; c < head_dim; c += 32) {  // 32 values: one 64-byte line of bf16 per key
+        __m512 lo[B], hi[B];
+        for (int b = 0; b < B; ++b) lo[b] = hi[b] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; ++i) {
+            const KV* value = v_cache + item.keys[i] + c;
+            const __m512 v0 = load16(value), v1 = load16(value + 16);
+            for (int b = 0; b < B; ++b) {
+                const __m512 w = _mm512_set1_ps(scores[b * n + i]);
+                lo[b] = _mm512_fmadd_ps(w, v0, lo[b]);
+                hi[b] = _mm512_fmadd_ps(w, v1, hi[b]);
+            }
+        }
+        for (int b = 0; b < B; ++b) {
+            const __m512 inv = _mm512_set1_ps(inverse_sum[b]);
+            _mm512_storeu_ps(item.out + b * head_dim + c, _mm512_mul_ps(lo[b], inv));
+            _mm512_storeu_ps(item.out + b * head_dim + c + 16, _mm512_mul_ps(hi[b], inv));
+        }
+    }
+}
+
+template <typename F>
+void with_bundle(int bundle, F&& f) {
+    switch (bundle) {
+        case 1: return f(std::integral_constant<int, 1>{});
+        case 2: return f(std::integral_constant<int, 2>{});
+        case 3: return f(std::integral_constant<int, 3>{});
+        case 4: return f(std::integral_constant<int, 4>{});
+        case 5: return f(std::integral_constant<int, 5>{});
+        case 6: return f(std::integral_constant<int, 6>{});
+        case 7: return f(std::integral_constant<int, 7>{});
+        case 8: return f(std::integral_constant<int, 8>{});
+    }
+    TORCH_CHECK(false, "paged_attention: bundle of ", bundle, " heads");
+}
+
+// Largest divisor of `groups` up to kMaxBundle, made smaller while that leaves threads idle (a batch-1 decode
+// has one row and often one KV head).
+int bundle_size(int64_t groups, int64_t units) {
+    auto largest_divisor_upto = [&](int64_t limit) {
+        int64_t b = std::min<int64_t>(limit, groups);
+        while (groups % b) --b;
+        return static_cast<int>(b);
+    };
+    int b = largest_divisor_upto(kMaxBundle);
+    while (b > 1 && units * (groups / b) < at::get_num_threads()) b = largest_divisor_upto(b - 1);
+    return b;
+}
+
+}  // namespace
+
+namespace ridgeline {
+
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+                              torch::Tensor row_seq, torch::Tensor key_begin, torch::Tensor key_end,
+                              int64_t block_size, double scale) {
+    TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous() && q.device().is_cpu(),
+                "paged_attention: q must be a contiguous [rows, heads, head_dim] float32 CPU tensor");
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
+                    v_cache.is_contiguous() && k_cache.scalar_type() == v_cache.scalar_type() &&
+                    (k_cache.scalar_type() == torch::kBFloat16 || k_cache.scalar_type() == torch::kFloat32),
+                "paged_attention: K and V caches must be contiguous [slots, kv_heads, head_dim] bf16 or fp32 tensors");
+    for (const auto* t : {&block_tables, &row_seq, &key_begin, &key_end}) {
+        TORCH_CHECK(t->scalar_type() == torch::kInt32 && t->is_contiguous(), "paged_attention: indices must be contiguous int32");
+    }
+    const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
+    const int64_t kv_heads = k_cache.size(1), slots = k_cache.size(0);
+    const int64_t num_seqs = block_tables.size(0), width = block_tables.size(1);
+    TORCH_CHECK(k_cache.size(2) == head_dim && head_dim % 32 == 0 && heads % kv_heads == 0,
+                "paged_attention: head_dim must be a multiple of 32 and match the cache; heads a multiple of kv_heads");
+    TORCH_CHECK(row_seq.numel() == rows && key_begin.numel() == rows && key_end.numel() == rows,
+                "paged_attention: one sequence and key range per row");
+
+    const int32_t* seq_of = row_seq.data_ptr<int32_t>();
+    const int32_t* begin_of = key_begin.data_ptr<int32_t>();
+    const int32_t* end_of = key_end.data_ptr<int32_t>();
+    const int32_t* tables = block_tables.data_ptr<int32_t>();
+    int64_t max_keys = 0;
+    for (int64_t r = 0; r < rows; ++r) {  // every block a row reads must be a real page
+        TORCH_CHECK(seq_of[r] >= 0 && seq_of[r] < num_seqs && 0 <= begin_of[r] && begin_of[r] < end_of[r] &&
+                        end_of[r] <= width * block_size, "paged_attention: row ", r, " has no valid key range");
+        max_keys = std::max<int64_t>(max_keys, end_of[r] - begin_of[r]);
+        for (int64_t block = begin_of[r] / block_size; block <= (end_of[r] - 1) / block_size; ++block) {
+            const int32_t page = tables[seq_of[r] * width + block];
+            TORCH_CHECK(page >= 0 && (page + 1) * block_size <= slots, "paged_attention: block ", block, " of row ", r,
+                        " is not a page of the cache");
+        }
+    }
+
+    auto out = torch::empty_like(q);
+    const int64_t groups = heads / kv_heads;
+    const int bundle = bundle_size(groups, rows * kv_heads);
+    const int64_t bundles = groups / bundle, items = rows * kv_heads * bundles;
+    const float* q_data = q.data_ptr<float>();
+    float* out_data = out.data_ptr<float>();
+    const float softmax_scale = static_cast<float>(scale);
+
+    auto run = [&](auto* k_data, auto* v_data) {
+        with_bundle(bundle, [&](auto b_const) {
+            constexpr int B = decltype(b_const)::value;
+            at::parallel_for(0, items, 1, [&](int64_t first, int64_t last) {
+                std::vector<float> scores(B * max_keys);
+                std::vector<int64_t> keys(max_keys);
+                for (int64_t index = first; index < last; ++index) {
+                    const int64_t r = index / (kv_heads * bundles), kv_head = index / bundles % kv_heads;
+                    const int64_t head = kv_head * groups + index % bundles * B;
+                    const int32_t* table = tables + seq_of[r] * width;
+                    const int64_t n = end_of[r] - begin_of[r];
+                    for (int64_t i = 0; i < n; ++i) {
+                        const int64_t p = begin_of[r] + i;
+                        keys[i] = ((table[p / block_size] * block_size + p % block_size) * kv_heads + kv_head) * head_dim;
+                    }
+                    const Item item{q_data + (r * heads + head) * head_dim, out_data + (r * heads + head) * head_dim,
+                                    keys.data(), n};
+                    attend<B>(item, k_data, v_data, head_dim, softmax_scale, scores.data());
+                }
+            });
+        });
+    };
+    if (k_cache.scalar_type() == torch::kBFloat16) {
+        run(reinterpret_cast<const uint16_t*>(k_cache.data_ptr()), reinterpret_cast<const uint16_t*>(v_cache.data_ptr()));
+    } else {
+        run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+    }
+    return out;
+}
+
+}  // namespace ridgeline

@@ -1,0 +1,47 @@
+"""Attention of every query row over its key range in the paged KV cache: the compiled kernel, or torch.
+
+The kernel (csrc/paged_attention.cpp) computes each row on its own, reading keys straight from the pages, so
+a row's bits do not depend on the batch or the chunking. The torch path (other devices, no compiler, head_dim
+not a multiple of 32) gathers each chunk's keys and runs one masked SDPA call per chunk: same maths, but its
+bits may depend on how the sequence was chunked.
+"""
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+from ridgeline.model.attention_batch import AttentionBatch, GroupView
+from ridgeline.model.native import compiled
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                    group: GroupView, scale: float) -> torch.Tensor:
+    """q [T, heads, head_dim]; caches [slots, kv_heads, head_dim] -> [T, heads, head_dim] in q's dtype."""
+    module = compiled() if q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
+    if module is None:
+        return paged_attention_reference(q, k_cache, v_cache, batch, group, scale)
+    out = module.paged_attention(q.float().contiguous(), k_cache, v_cache, group.block_tables, batch.row_seq,
+                                 group.key_begin, batch.key_end, batch.block_size, scale)
+    return out.to(q.dtype)
+
+
+def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                              group: GroupView, scale: float) -> torch.Tensor:
+    tokens, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    begins, ends = group.key_begin.tolist(), batch.key_end.tolist()
+    out = torch.empty_like(q)
+    for chunk, (first, last) in enumerate(zip(batch.row_starts, batch.row_starts[1:])):
+        key_pos = torch.arange(min(begins[first:last]), ends[last - 1], device=q.device)
+        table = group.block_tables[chunk].long()
+        slots = table[key_pos // batch.block_size] * batch.block_size + key_pos % batch.block_size
+        keys, values = (cache[slots].to(q.dtype).transpose(0, 1) for cache in (k_cache, v_cache))  # [kv_heads, n, d]
+        rows = last - first
+        # Query heads sharing a KV head become extra queries of it: [kv_heads, groups * rows, d].
+        queries = q[first:last].view(rows, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)
+        begin = group.key_begin[first:last, None].long()
+        end = batch.key_end[first:last, None].long()
+        mask = ((key_pos >= begin) & (key_pos < end)).repeat(heads // kv_heads, 1)
+        attended = sdpa(queries.reshape(kv_heads, -1, head_dim), keys, values, attn_mask=mask, scale=scale)
+        out[first:last] = attended.view(kv_heads, heads // kv_heads, rows, head_dim).permute(2, 0, 1, 3).reshape(
+            rows, heads, head_dim)
+    return out

@@ -1,0 +1,57 @@
+"""ridgeline's compiled kernels (csrc/): JIT-built once per machine on first use.
+
+The build runs under a file lock (several processes may start at once; compiling takes ~1 min on 2 cores)
+and lands in ~/.cache/ridgeline/torch_extensions. Without AVX-512 VNNI or without a compiler `compiled()` is
+None and every caller runs the same operation as plain torch code (as it does for tensors off the CPU).
+"""
+
+import fcntl
+import functools
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+SOURCES = [CSRC / "bindings.cpp", CSRC / "quant_kernels.cpp", CSRC / "paged_attention.cpp"]
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
+COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                 "-mavx512vnni", "-mf16c", "-mfma"]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@functools.cache
+def compiled() -> ModuleType | None:
+    """The extension module, or None (with one warning) where it cannot run here."""
+    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in _cpu_flags()]
+    if missing:
+        return None  # a CPU without AVX-512 VNNI: the torch path is the supported route, no warning
+    from torch.utils.cpp_extension import load
+
+    build_dir = CACHE_DIR / "torch_extensions" / "kernels"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one compile per machine; later processes just load the result
+        try:
+            return load(
+                name="ridgeline_kernels",
+                sources=[str(source) for source in SOURCES],
+                extra_cflags=COMPILE_FLAGS,
+                extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP: without it the loop runs on one thread
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        except (OSError, RuntimeError, ImportError) as error:  # no compiler / no ninja: stay correct, just slower
+            warnings.warn(f"ridgeline: compiled kernels could not be built ({error}); using the torch fallback")
+            return None

@@ -1,0 +1,85 @@
+"""The compiled paged-attention kernel: same results as plain torch attention, and a row's bits never depend on
+the rest of the batch (batch invariance of the engine's outputs rests on it)."""
+
+import pytest
+import torch
+
+from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
+from ridgeline.model.layers.attention_kernel import paged_attention, paged_attention_reference
+from ridgeline.model.native import compiled
+
+needs_compiled = pytest.mark.skipif(compiled() is None, reason="no AVX-512 VNNI or no compiler here")
+BLOCK = 4
+PAGES = 64
+
+
+def scattered_tables(lengths: list[int], generator: torch.Generator) -> list[list[int]]:
+    """Each sequence's blocks on distinct pages in a shuffled order, so slots are not positions."""
+    pages = torch.randperm(PAGES, generator=generator).tolist()
+    tables = []
+    for length in lengths:
+        count = -(-length // BLOCK)
+        tables.append(pages[:count])
+        pages = pages[count:]
+    return tables
+
+
+def setup(heads, kv_heads, head_dim, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(PAGES * BLOCK, kv_heads, head_dim, generator=generator).to(dtype)
+    v_cache = torch.randn(PAGES * BLOCK, kv_heads, head_dim, generator=generator).to(dtype)
+    return generator, k_cache, v_cache
+
+
+def batch_of(chunks: list[SeqChunk], window: int | None) -> AttentionBatch:
+    return AttentionBatch.build(chunks, BLOCK, [window], torch.device("cpu"))
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 256), (8, 2, 64), (6, 2, 128), (16, 2, 64), (2, 2, 32)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_kernel_matches_torch_attention(dtype, heads, kv_heads, head_dim, window):
+    generator, k_cache, v_cache = setup(heads, kv_heads, head_dim, dtype)
+    # a decode deep into its sequence, a prefill chunk from 0, a chunk continuing a prefill, a one-token prompt
+    shapes = [(37, 1), (0, 11), (9, 14), (0, 1)]
+    tables = scattered_tables([start + length for start, length in shapes], generator)
+    chunks = [SeqChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)]
+    batch = batch_of(chunks, window)
+    q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
+    scale = head_dim**-0.5
+    expected = paged_attention_reference(q, k_cache, v_cache, batch, batch.groups[0], scale)
+    actual = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], scale)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiled
+@pytest.mark.parametrize("window", [None, 6])
+def test_a_rows_bits_do_not_depend_on_its_batch_or_chunk(window):
+    """Each row of a batch equals, bit for bit, the same row computed alone as a one-token chunk."""
+    heads, kv_heads, head_dim = 4, 1, 256
+    generator, k_cache, v_cache = setup(heads, kv_heads, head_dim, torch.bfloat16, seed=1)
+    shapes = [(0, 23), (40, 1), (5, 7)]
+    tables = scattered_tables([start + length for start, length in shapes], generator)
+    chunks = [SeqChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)]
+    batch = batch_of(chunks, window)
+    q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
+    together = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.0625)
+    row = 0
+    for (start, length), table in zip(shapes, tables):
+        for position in range(start, start + length):
+            alone_batch = batch_of([SeqChunk([0], position, [table])], window)
+            alone = paged_attention(q[row:row + 1], k_cache, v_cache, alone_batch, alone_batch.groups[0], 0.0625)
+            assert torch.equal(alone[0], together[row]), f"row {row} (position {position}) changed bits"
+            row += 1
+
+
+@needs_compiled
+def test_a_released_page_inside_the_key_range_is_an_error():
+    generator, k_cache, v_cache = setup(4, 1, 64, torch.float32)
+    batch = batch_of([SeqChunk([0], 9, [[3, -1, 7]])], window=None)  # position 9 reads blocks 0..2; block 1 gone
+    q = torch.randn(1, 4, 64, generator=generator)
+    with pytest.raises(RuntimeError, match="block 1 of row 0 is not a page"):
+        paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.125)
+    windowed = batch_of([SeqChunk([0], 9, [[-1, -1, 7]])], window=2)  # keys 8..9 only: released blocks unread
+    assert torch.isfinite(paged_attention(q, k_cache, v_cache, windowed, windowed.groups[0], 0.125)).all()
