@@ -16,4 +16,9 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                               torch::Tensor row_seq, torch::Tensor key_begin, torch::Tensor key_end,
                               int64_t block_size, double scale);
 
+// layer_ops.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch::Tensor residual);
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu);
+
 }  // namespace ridgeline

@@ -11,6 +11,7 @@
 // or next to other sequences gives the same bits. Work items are (row, KV head, bundle of the query heads
 // sharing it); the bundle only decides which heads share a pass over the keys, never a head's arithmetic.
 #include "kernels.h"
+#include "simd_math.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -21,6 +22,8 @@
 
 namespace {
 
+using ridgeline::exp16;
+
 constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (accumulators stay in registers)
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -28,23 +31,6 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // bf16 is the upper half of a float
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-// e^x for x <= 0: x = n ln2 + r with |r| <= ln2 / 2, e^r by the Cephes expf polynomial, times 2^n.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts: exact first product
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
 }
 
 struct Item {

@@ -12,12 +12,22 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = [CSRC / "bindings.cpp", CSRC / "quant_kernels.cpp", CSRC / "paged_attention.cpp"]
+SOURCES = [CSRC / name for name in ("bindings.cpp", "quant_kernels.cpp", "paged_attention.cpp", "layer_ops.cpp")]
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
 COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                  "-mavx512vnni", "-mf16c", "-mfma"]
+
+
+NO_TENSOR = torch.empty(0)  # an optional tensor argument left out (the kernels take tensors, not None)
+
+
+def on_compiled_path(x: torch.Tensor, multiple: int) -> bool:
+    """Whether a per-row float op on x runs compiled: fp32 on the CPU, last dim a multiple of `multiple`."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[-1] % multiple == 0 and compiled() is not None
 
 
 def _cpu_flags() -> set[str]:

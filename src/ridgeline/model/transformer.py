@@ -41,13 +41,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, rope, batch, cache):
         attended = self.attention(self.attn_norm(h), rope, batch, cache)
-        if self.post_attn_norm is not None:
-            attended = self.post_attn_norm(attended)
-        h = h + attended
+        h = h + attended if self.post_attn_norm is None else self.post_attn_norm(attended, residual=h)
         mixed = self.mlp(self.ffn_norm(h), batch.row_paths)
-        if self.post_ffn_norm is not None:
-            mixed = self.post_ffn_norm(mixed)
-        return h + mixed
+        return h + mixed if self.post_ffn_norm is None else self.post_ffn_norm(mixed, residual=h)
 
 
 class Transformer(nn.Module):

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from ridgeline.model.layers.linear import RowPaths
+from ridgeline.model.native import compiled, on_compiled_path
 
 ACTIVATIONS = {
     "silu": nn.functional.silu,
@@ -15,7 +16,12 @@ class GatedMLP(nn.Module):
     def __init__(self, gate: nn.Module, up: nn.Module, down: nn.Module, activation: str):
         super().__init__()
         self.gate, self.up, self.down = gate, up, down
-        self.activation = ACTIVATIONS[activation]
+        self.activation, self.gelu = activation, activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor, paths: RowPaths) -> torch.Tensor:
-        return self.down(self.activation(self.gate(x, paths)) * self.up(x, paths), paths)
+        gate, up = self.gate(x, paths), self.up(x, paths)
+        if on_compiled_path(gate, multiple=16):
+            mixed = compiled().gated_activation(gate.contiguous(), up.contiguous(), self.gelu)
+        else:
+            mixed = ACTIVATIONS[self.activation](gate) * up
+        return self.down(mixed, paths)
