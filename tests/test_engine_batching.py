@@ -59,14 +59,15 @@ def test_prefix_cache_second_pass_all_hits_equals_alone(prompts, alone):
 
 
 def test_preemption_under_tiny_kv_budget_equals_alone(prompts, alone):
-    # 56 blocks of the default model's bf16 KV (18,432 bytes a token): ~900 tokens for 32 prompts of ~3,700
+    # 56 blocks of the default model's bf16 KV at full cost (18,432 bytes a token in 18 layers): 336 pages of 3
+    # layers, ~900 tokens below the sliding window, for 32 prompts of ~3,700 tokens
     kv_bytes = 56 * BLOCK_TOKENS * 18_432
     llm = LLM(config=EngineConfig(kv_cache=KVCacheConfig(memory_bytes=kv_bytes),
                                   scheduler=SchedulerConfig(enable_prefix_caching=False)))
-    assert llm.engine.num_blocks == 56
+    assert llm.engine.num_pages == 56 * 6
     assert run_batch(llm, prompts) == alone
     assert llm.engine.stats().num_preemptions > 0
-    assert llm.engine.stats().num_free_blocks == llm.engine.num_blocks
+    assert llm.engine.stats().num_free_blocks == llm.engine.num_pages
 
 
 def test_prompt_logprobs_are_complete_even_when_the_prompt_is_cached(prompts):

@@ -1,10 +1,12 @@
 """The continuous-batching scheduler, driven by a fake model that really uses the paged block tables.
 
-The fake model writes every scheduled token id into a paged "KV cache" through the chunk's block table, then
-makes each sampled token a function of the whole context it reads back through that block table. So a wrong
-block table, a reused block, a stale prefix hit or a lost token changes the output, and each request's output
-must equal what the same function gives on its own prompt, however requests were batched, chunked, cached,
-preempted or recomputed.
+The fake model has layer groups like a real one (full attention, and sliding windows). It writes every scheduled
+token id into a paged "KV cache" through each group's block table, checks that every key a query of the chunk
+may attend (inside its window) reads back through the tables, then makes each sampled token a function of what
+the last query reads: the whole context through the full-attention groups, the window through the sliding ones.
+So a wrong block table, a reused page, a page released while still in the window, a stale prefix hit or a lost
+token changes the output or fails a check, and each request's output must equal what the same function gives
+on its own prompt, however requests were batched, chunked, cached, preempted or recomputed.
 """
 
 import itertools
@@ -13,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ridgeline.engine.block_manager import RELEASED, peak_pages
 from ridgeline.engine.sampling_params import SamplingParams
-from ridgeline.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import ContextLengthError, RidgelineError
 
@@ -22,39 +25,60 @@ EOS = 1
 MAX_MODEL_LEN = 4096
 
 
-def next_token(context: list[int]) -> int:
-    """The fake forward pass: any deterministic function of the whole context; never EOS."""
-    return 2 + sum((i + 1) * t for i, t in enumerate(context)) % 97
+GEMMA_LIKE = (None, 8, 8)  # a full-attention group, then two sliding-window groups
 
 
-def expected_output(prompt: list[int], num_tokens: int) -> list[int]:
+def key_begin(pos: int, window: int | None) -> int:
+    """The first key the query at pos attends."""
+    return 0 if window is None else max(0, pos - window + 1)
+
+
+def next_token(reads: list[list[int]]) -> int:
+    """The fake forward pass: a deterministic function of the keys the last query reads in each group; never EOS."""
+    return 2 + sum((g + 1) * (i + 1) * t for g, keys in enumerate(reads) for i, t in enumerate(keys)) % 97
+
+
+def expected_output(prompt: list[int], num_tokens: int, windows: tuple[int | None, ...] = (None,)) -> list[int]:
     tokens = list(prompt)
     for _ in range(num_tokens):
-        tokens.append(next_token(tokens))
+        tokens.append(next_token([tokens[key_begin(len(tokens) - 1, window):] for window in windows]))
     return tokens[len(prompt) :]
 
 
 class PagedFakeModel:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.block_size = block_size
-        self.kv: list[int | None] = [None] * (num_blocks * block_size)
+    def __init__(self, num_pages: int, block_size: int, windows: tuple[int | None, ...] = (None,)) -> None:
+        self.block_size, self.windows = block_size, windows
+        self.kv: list[tuple[int, int] | None] = [None] * (num_pages * block_size)  # (group, token id) per slot
 
     def _slot(self, block_table: tuple[int, ...], pos: int) -> int:
-        return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+        page = block_table[pos // self.block_size]
+        assert page != RELEASED, f"position {pos} is in a released page"
+        return page * self.block_size + pos % self.block_size
+
+    def _read(self, chunk: ScheduledChunk, group: int, begin: int, end: int) -> list[int]:
+        keys = [self.kv[self._slot(chunk.block_tables[group], pos)] for pos in range(begin, end)]
+        assert keys == [(group, t) for t in chunk.seq.token_ids[begin:end]], "a query reads wrong keys"
+        return [token_id for _, token_id in keys]
 
     def forward(self, output: SchedulerOutput) -> list[int]:
         for chunk in output.chunks:  # every token's KV is written before anything attends, as in the runner
-            for pos, token_id in enumerate(chunk.token_ids, start=chunk.start):
-                self.kv[self._slot(chunk.block_table, pos)] = token_id
-        return [
-            next_token([self.kv[self._slot(c.block_table, pos)] for pos in range(c.start + c.num_tokens)])
-            for c in output.sampling_chunks
-        ]
+            assert len(chunk.block_tables) == len(self.windows)
+            for group, table in enumerate(chunk.block_tables):
+                for pos, token_id in enumerate(chunk.token_ids, start=chunk.start):
+                    self.kv[self._slot(table, pos)] = (group, token_id)
+        for chunk in output.chunks:  # every query of the chunk reads its window, the first one reaching furthest back
+            for group, window in enumerate(self.windows):
+                self._read(chunk, group, key_begin(chunk.start, window), chunk.start + chunk.num_tokens)
+        # What the last query of each sampling chunk reads, group by group, decides its token.
+        ends = [c.start + c.num_tokens for c in output.sampling_chunks]
+        return [next_token([self._read(c, g, key_begin(end - 1, w), end) for g, w in enumerate(self.windows)])
+                for c, end in zip(output.sampling_chunks, ends)]
 
 
-def make_scheduler(num_blocks: int = 256, max_model_len: int = MAX_MODEL_LEN, **config) -> Scheduler:
+def make_scheduler(num_pages: int = 256, max_model_len: int = MAX_MODEL_LEN, windows=(None,), **config) -> Scheduler:
     ticks = itertools.count()
-    return Scheduler(SchedulerConfig(**config), num_blocks, max_model_len, eos_token_ids=[EOS], clock=lambda: float(next(ticks)))
+    return Scheduler(SchedulerConfig(**config), num_pages, max_model_len, eos_token_ids=[EOS],
+                     clock=lambda: float(next(ticks)), windows=windows)
 
 
 def make_seq(request_id: str, prompt: list[int], max_tokens: int | None = 8, **params) -> Sequence:
@@ -83,7 +107,8 @@ def step(scheduler: Scheduler, model: PagedFakeModel) -> tuple[SchedulerOutput, 
 
 def run_to_completion(scheduler: Scheduler, arrivals: dict[int, list[Sequence]], max_steps: int = 5000) -> list[Sequence]:
     """Add arrivals[k] before step k; step until everything finished; return every request."""
-    model = PagedFakeModel(scheduler.block_manager.num_blocks, scheduler.config.block_size)
+    blocks = scheduler.block_manager
+    model = PagedFakeModel(blocks.num_pages, blocks.block_size, blocks.windows)
     everyone = []
     for step_index in range(max_steps):
         for seq in arrivals.get(step_index, []):
@@ -99,9 +124,10 @@ def assert_all_correct(scheduler: Scheduler, seqs: list[Sequence]) -> None:
     for seq in seqs:
         assert seq.status is SequenceStatus.FINISHED and seq.finish_reason == "length"
         room = scheduler.max_seq_len - seq.num_prompt_tokens
-        assert seq.output_token_ids == expected_output(seq.prompt_token_ids, min(seq.sampling_params.max_tokens, room))
-        assert seq.block_table == []
-    assert scheduler.block_manager.num_free_blocks == scheduler.block_manager.num_blocks, "a block leaked"
+        windows = scheduler.block_manager.windows
+        assert seq.output_token_ids == expected_output(seq.prompt_token_ids, min(seq.sampling_params.max_tokens, room), windows)
+        assert seq.block_tables == []
+    assert scheduler.block_manager.num_free_pages == scheduler.block_manager.num_pages, "a page leaked"
 
 
 def mixed_workload() -> dict[int, list[Sequence]]:
@@ -122,16 +148,22 @@ def mixed_workload() -> dict[int, list[Sequence]]:
         dict(max_num_seqs=2),
         dict(block_size=4, max_num_batched_tokens=24),
         # Far fewer blocks than the requests need together: preemption and recomputation.
-        dict(num_blocks=38, block_size=4),
-        dict(num_blocks=45, block_size=4, max_num_batched_tokens=16),
+        dict(num_pages=38, block_size=4),
+        dict(num_pages=45, block_size=4, max_num_batched_tokens=16),
+        # Layer groups with sliding windows: pages below the window are released as sequences move on.
+        dict(windows=GEMMA_LIKE),
+        dict(windows=GEMMA_LIKE, block_size=4, max_num_batched_tokens=16),
+        dict(windows=GEMMA_LIKE, num_pages=60, block_size=4, max_num_batched_tokens=16),
+        dict(windows=(6, 13), num_pages=12, block_size=4, max_num_batched_tokens=8),
     ],
-    ids=["default", "chunked-16", "no-chunking", "no-prefix-cache", "two-seqs", "block-4", "tiny-pool", "tiny-pool-chunked"],
+    ids=["default", "chunked-16", "no-chunking", "no-prefix-cache", "two-seqs", "block-4", "tiny-pool", "tiny-pool-chunked",
+         "windows", "windows-chunked-16", "windows-tiny-pool", "sliding-only-tiny-pool"],
 )
 def test_every_request_completes_with_the_tokens_it_would_get_alone(setup: dict) -> None:
     scheduler = make_scheduler(**setup)
     seqs = run_to_completion(scheduler, mixed_workload())
     assert_all_correct(scheduler, seqs)
-    if "num_blocks" in setup:
+    if "num_pages" in setup:
         assert scheduler.num_preemptions > 0
 
 
@@ -141,18 +173,21 @@ def test_every_request_completes_with_the_tokens_it_would_get_alone(setup: dict)
     max_tokens=st.lists(st.integers(1, 12), min_size=8, max_size=8),
     arrival_steps=st.lists(st.integers(0, 6), min_size=8, max_size=8),
     budget=st.integers(4, 64),
-    num_blocks=st.integers(6, 40),
+    num_pages=st.integers(6, 40),
     block_size=st.sampled_from([1, 2, 4, 16]),
     max_num_seqs=st.integers(1, 8),
     prefix_caching=st.booleans(),
     chunked_prefill=st.booleans(),
+    windows=st.sampled_from([(None,), GEMMA_LIKE, (None, 3), (5, 11)]),
 )
-def test_random_workloads_complete_correctly_without_leaking_blocks(
-    prompts, max_tokens, arrival_steps, budget, num_blocks, block_size, max_num_seqs, prefix_caching, chunked_prefill
+def test_random_workloads_complete_correctly_without_leaking_pages(
+    prompts, max_tokens, arrival_steps, budget, num_pages, block_size, max_num_seqs, prefix_caching, chunked_prefill,
+    windows,
 ) -> None:
-    # Prompts drawn from few distinct ids often share prefixes, so hits and shared blocks are common.
+    # Prompts drawn from few distinct ids often share prefixes, so hits and shared pages are common.
     scheduler = make_scheduler(
-        num_blocks=num_blocks,
+        num_pages=num_pages * len(windows),
+        windows=windows,
         max_num_batched_tokens=budget,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
@@ -211,7 +246,7 @@ def test_without_chunking_a_prompt_waits_until_it_fits_whole() -> None:
 
 def test_preemption_takes_the_most_recently_admitted_and_requeues_it_first() -> None:
     # 4 blocks of 4 tokens; two requests of 6 prompt tokens each hold 2 blocks; decoding soon needs a third.
-    scheduler = make_scheduler(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    scheduler = make_scheduler(num_pages=4, block_size=4, enable_prefix_caching=False)
     model = PagedFakeModel(4, 4)
     first, second, third = (make_seq(n, [2, 3, 4, 5, 6, 7], max_tokens=6) for n in ("first", "second", "third"))
     for seq in (first, second, third):
@@ -221,7 +256,7 @@ def test_preemption_takes_the_most_recently_admitted_and_requeues_it_first() -> 
     while not output.preempted:
         output, _ = step(scheduler, model)
     assert output.preempted == [second]
-    assert second.status is SequenceStatus.PREEMPTED and second.block_table == [] and second.num_computed_tokens == 0
+    assert second.status is SequenceStatus.PREEMPTED and second.block_tables == [] and second.num_computed_tokens == 0
     assert list(scheduler.waiting) == [second, third]
     assert scheduler.num_preemptions == 1
     while scheduler.has_unfinished():
@@ -230,7 +265,7 @@ def test_preemption_takes_the_most_recently_admitted_and_requeues_it_first() -> 
 
 
 def test_abort_frees_blocks_at_once_whether_waiting_prefilling_or_decoding() -> None:
-    scheduler = make_scheduler(num_blocks=64, max_num_batched_tokens=40)
+    scheduler = make_scheduler(num_pages=64, max_num_batched_tokens=40)
     model = PagedFakeModel(64, 16)
     decoding = make_seq("decoding", list(range(20)), max_tokens=50)
     prefilling = make_seq("prefilling", list(range(100, 200)))
@@ -241,18 +276,19 @@ def test_abort_frees_blocks_at_once_whether_waiting_prefilling_or_decoding() -> 
     scheduler.add_request(waiting)
     output, _ = step(scheduler, model)
     assert 0 < prefilling.num_computed_tokens < prefilling.num_tokens and decoding.output_token_ids
-    free_before = scheduler.block_manager.num_free_blocks
+    free_before = scheduler.block_manager.num_free_pages
     scheduler.abort("prefilling")
-    assert scheduler.block_manager.num_free_blocks == free_before + len(output.chunks[1].block_table)
+    (held_pages,) = output.chunks[1].block_tables
+    assert scheduler.block_manager.num_free_pages == free_before + len(held_pages)
     output = scheduler.schedule()
     # Aborted between schedule() and update(): its blocks are free at once and update() skips it.
     scheduler.abort("decoding")
     scheduler.abort("waiting")
     scheduler.update(output, model.forward(output))
     for seq in (decoding, prefilling, waiting):
-        assert seq.finish_reason == "abort" and seq.block_table == []
+        assert seq.finish_reason == "abort" and seq.block_tables == []
     assert not scheduler.has_unfinished()
-    assert scheduler.block_manager.num_free_blocks == 64
+    assert scheduler.block_manager.num_free_pages == 64
     assert scheduler.abort("decoding") is None  # aborting twice is harmless
 
 
@@ -278,7 +314,7 @@ def test_prefix_hit_skips_the_cached_tokens() -> None:
 
 
 def test_preempted_request_is_recomputed_with_prefix_hits_on_its_own_blocks() -> None:
-    scheduler = make_scheduler(num_blocks=6, block_size=4)
+    scheduler = make_scheduler(num_pages=6, block_size=4)
     model = PagedFakeModel(6, 4)
     old, new = make_seq("old", list(range(2, 12)), max_tokens=8), make_seq("new", list(range(20, 30)), max_tokens=8)
     for seq in (old, new):
@@ -306,8 +342,9 @@ def test_fork_shares_the_prompt_and_computes_only_the_unshared_tail() -> None:
     step(scheduler, model)
     child = make_seq("child", list(range(2, 12)), max_tokens=4)
     scheduler.fork("parent", child)
-    assert child.block_table == parent.block_table[:2] and child.num_computed_tokens == 8
-    assert [scheduler.block_manager.ref_counts[b] for b in parent.block_table] == [2, 2, 1]
+    (child_pages,), (parent_pages,) = child.block_tables, parent.block_tables
+    assert child_pages == parent_pages[:2] and child.num_computed_tokens == 8
+    assert [scheduler.block_manager.ref_counts[b] for b in parent_pages] == [2, 2, 1]
     output, _ = step(scheduler, model)
     assert [(c.seq.request_id, c.start, c.num_tokens) for c in output.chunks] == [("parent", 10, 1), ("child", 8, 2)]
     while scheduler.has_unfinished():
@@ -346,7 +383,7 @@ def test_finish_request_ends_a_request_found_by_the_detokenizer() -> None:
     for _ in range(3):
         step(scheduler, model)
     finished = scheduler.finish_request("a", "stop")
-    assert finished is seq and seq.finish_reason == "stop" and seq.block_table == []
+    assert finished is seq and seq.finish_reason == "stop" and seq.block_tables == []
     assert len(seq.output_token_ids) == 3 and not scheduler.has_unfinished()
 
 
@@ -360,7 +397,7 @@ def test_timestamps_follow_the_request_through_its_life() -> None:
 
 
 def test_requests_that_cannot_fit_are_refused_up_front() -> None:
-    scheduler = make_scheduler(num_blocks=8, block_size=4, max_model_len=100)
+    scheduler = make_scheduler(num_pages=8, block_size=4, max_model_len=100)
     with pytest.raises(ContextLengthError):
         scheduler.add_request(make_seq("longer-than-the-pool", list(range(32))))
     scheduler = make_scheduler(max_model_len=10)

@@ -1,131 +1,209 @@
-"""Paged KV block allocation: a fixed pool of blocks, one block table per sequence, reference counts.
+"""Paged KV allocation for layer groups: one pool of pages, one block table per group per sequence, reference counts.
 
-Every block is in exactly one state: free (no reference, no cached contents), in use (referenced by one or more
-block tables; shared blocks hold a prefix common to all their holders), or evictable (no reference, but its
-contents are named in the prefix cache so a later request can reuse them). Fresh blocks come from the free list
-first and from evicting the least recently used evictable block only when the free list is empty.
+Block i of a sequence is its token positions [i*bs, (i+1)*bs); a page is the KV memory of one block for the layers
+of one layer group (model/kv_groups.py), and all groups draw their pages from the one pool. Every page is in
+exactly one state: free (no reference, no cached contents), in use (referenced by one or more block tables;
+shared pages hold a prefix common to all their holders), or evictable (no reference, but its contents are named
+in the prefix cache so a later request can reuse them). Fresh pages come from the free list first and from
+evicting the least recently used evictable page only when the free list is empty.
 
-Pure bookkeeping: the model runner owns the KV tensors and writes block `b`'s tokens at slots
-`b * block_size .. b * block_size + block_size - 1` of every layer's pool.
+A sliding-window group (window w) gives a page up as soon as no later query can read it: the query at position
+p reads keys >= p - w + 1, so once c tokens are computed the blocks wholly below c - w + 1 are released and their
+entries become RELEASED, which the model never reads or writes. A full-attention group keeps every page until
+the sequence ends. So past the window a token costs only the full-attention groups' pages.
+
+Pure bookkeeping: the model runner owns the KV tensors and writes group g's block i at slots
+`page * block_size .. page * block_size + block_size - 1` of group g's layers, page = block_tables[g][i].
 """
 
 import math
 from collections import deque
+from collections.abc import Callable, Iterable
 
 from ridgeline.engine.prefix_cache import ROOT_HASH, PrefixCache, hash_block_tokens
 from ridgeline.engine.sequence import Sequence
 
+RELEASED = -1  # a block-table entry whose page a sliding-window group gave up (or never needed)
+
+
+def first_readable_block(num_computed: int, window: int | None, block_size: int) -> int:
+    """The first block that a query at position num_computed or later can read."""
+    return 0 if window is None else max(0, num_computed - window + 1) // block_size
+
+
+def pages_held(num_computed: int, num_new: int, window: int | None, block_size: int) -> int:
+    """Pages one group's table holds while tokens [num_computed, num_computed + num_new) are computed."""
+    return math.ceil((num_computed + num_new) / block_size) - first_readable_block(num_computed, window, block_size)
+
+
+def peak_pages(num_tokens: int, max_chunk: int, windows: Iterable[int | None], block_size: int) -> int:
+    """The most pages one sequence ever holds on its way to num_tokens tokens, computed in chunks of at most
+    max_chunk tokens starting anywhere (after a prefix hit, a fork or a preemption): a chunk's pages for all its
+    tokens are held while it runs, and only then are the ones below the window released."""
+    if num_tokens == 0:
+        return 0
+    total = 0
+    for window in windows:
+        if window is None:
+            total += math.ceil(num_tokens / block_size)
+            continue
+        # Between two changes of first_readable_block, the pages held grow with the chunk's start, so the most
+        # is at the last start c_k = window + bs - 2 + k*bs before a change. Chunks of a full max_chunk tokens all
+        # hold equally many; chunks cut short by the end of the sequence hold fewer the later they start. So the
+        # first start (k=0) and the first start whose chunk is cut short (k_cut) cover every case.
+        last_start_0 = window + block_size - 2
+        k_cut = max(0, (num_tokens - max_chunk - last_start_0) // block_size + 1)
+        total += max(pages_held(c, min(max_chunk, num_tokens - c), window, block_size)
+                     for c in (min(num_tokens - 1, last_start_0), min(num_tokens - 1, last_start_0 + k_cut * block_size)))
+    return total
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
-        self.num_blocks = num_blocks
+    def __init__(self, num_pages: int, block_size: int = 16, windows: Iterable[int | None] = (None,),
+                 enable_prefix_caching: bool = True) -> None:
+        if num_pages < 1 or block_size < 1 or not windows:
+            raise ValueError(f"need num_pages >= 1, block_size >= 1 and a layer group, got {num_pages}, {block_size}, {windows}")
+        self.num_pages = num_pages
         self.block_size = block_size
-        self.ref_counts = [0] * num_blocks
-        self.free_block_ids = deque(range(num_blocks))
+        self.windows = tuple(windows)  # attention window of each layer group (None = full attention)
+        self.ref_counts = [0] * num_pages
+        self.free_pages = deque(range(num_pages))
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
 
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks a fresh allocation can take: free ones plus evictable cached ones."""
+    def num_free_pages(self) -> int:
+        """Pages a fresh allocation can take: free ones plus evictable cached ones."""
         evictable = self.prefix_cache.num_evictable if self.prefix_cache else 0
-        return len(self.free_block_ids) + evictable
+        return len(self.free_pages) + evictable
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool held by sequences (evictable cached blocks count as free)."""
-        return 1.0 - self.num_free_blocks / self.num_blocks
+        """Fraction of the pool held by sequences (evictable cached pages count as free)."""
+        return 1.0 - self.num_free_pages / self.num_pages
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return math.ceil(num_tokens / self.block_size)
 
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Blocks holding the longest cached run of seq's leading full blocks; nothing is taken yet.
+    def find_cached_prefix(self, seq: Sequence) -> list[list[int]]:
+        """Per group, the cached pages seq can resume from (see _longest_prefix); nothing is taken yet.
 
         Never the whole sequence: its last token must be computed so there are logits to sample from.
         """
         if self.prefix_cache is None:
-            return []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        hits = []
-        for block_hash in self._block_hashes(seq, max_blocks):
-            block_id = self.prefix_cache.lookup(block_hash)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        return hits
+            return [[] for _ in self.windows]
+        hashes = self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size)
+        return self._longest_prefix(len(hashes), lambda group, block: self.prefix_cache.lookup((group, hashes[block])))
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
-        """Grow seq's block table to cover its computed tokens, then `cached_blocks` (prefix-cache hits from
-        find_cached_prefix, only for a sequence that holds no blocks yet), then num_new_tokens more.
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[list[int]] | None = None) -> bool:
+        """Grow seq's block tables to cover its computed tokens, then the `cached` prefix (from
+        find_cached_prefix, only for a sequence that holds no pages yet), then num_new_tokens more.
 
-        All or nothing: returns False, changing nothing, when the pool cannot supply the fresh blocks.
+        All or nothing: returns False, changing nothing, when the pool cannot supply the fresh pages.
         """
-        cached_blocks = cached_blocks or []
-        if cached_blocks and (seq.block_table or seq.num_computed_tokens):
-            raise ValueError(f"{seq.request_id}: cached blocks can only start an empty block table")
-        num_covered = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
-        num_fresh = max(0, self.num_blocks_for(num_covered) - len(seq.block_table) - len(cached_blocks))
-        # A hit on an evictable block takes it out of the pool the fresh blocks are drawn from.
-        num_revived = sum(1 for block_id in cached_blocks if self.ref_counts[block_id] == 0)
-        if num_fresh > self.num_free_blocks - num_revived:
+        num_cached_blocks = len(cached[0]) if cached else 0
+        if num_cached_blocks and (any(seq.block_tables) or seq.num_computed_tokens):
+            raise ValueError(f"{seq.request_id}: a cached prefix can only start empty block tables")
+        tables = cached if num_cached_blocks else seq.block_tables or [[] for _ in self.windows]
+        num_covered = seq.num_computed_tokens + num_cached_blocks * self.block_size + num_new_tokens
+        num_blocks = self.num_blocks_for(num_covered)
+        num_fresh = sum(max(0, num_blocks - len(table)) for table in tables)
+        # A hit on an evictable page takes it out of the pool the fresh pages are drawn from.
+        hits = [page for table in (cached or []) for page in table if page != RELEASED]
+        num_revived = sum(1 for page in hits if self.ref_counts[page] == 0)
+        if num_fresh > self.num_free_pages - num_revived:
             return False
-        for block_id in cached_blocks:
-            self._add_reference(block_id)
-        seq.block_table.extend(cached_blocks)
-        seq.block_table.extend(self._take_fresh_block() for _ in range(num_fresh))
+        for page in hits:
+            self._add_reference(page)
+        seq.block_tables = [list(table) + [self._take_fresh_page() for _ in range(num_blocks - len(table))]
+                            for table in tables]
         return True
 
+    def mark_computed(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """Tokens [seq.num_computed_tokens, num_computed_tokens) now have their KV written: name every page this
+        filled (so later requests can hit it), advance seq, and release the pages no later query reads."""
+        start, bs = seq.num_computed_tokens, self.block_size
+        if self.prefix_cache is not None:
+            hashes = self._block_hashes(seq, num_computed_tokens // bs)
+            for group, table in enumerate(seq.block_tables):
+                for block in range(start // bs, len(hashes)):
+                    self.prefix_cache.insert((group, hashes[block]), table[block])
+        seq.num_computed_tokens = num_computed_tokens
+        for group, window in enumerate(self.windows):
+            table = seq.block_tables[group]
+            # Released entries form a prefix of the table, so walk down from the window to the last one released.
+            stop = first_readable_block(num_computed_tokens, window, bs)
+            start_block = stop
+            while start_block > 0 and table[start_block - 1] != RELEASED:
+                start_block -= 1
+            for block in range(start_block, stop):  # oldest first, so it is evicted first
+                self._drop_reference(table[block])
+                table[block] = RELEASED
+
     def fork(self, parent: Sequence, child: Sequence) -> int:
-        """Share with an empty child the parent's computed full blocks whose tokens the child also starts with
-        (e.g. the prompt, for the n samples of one request). Returns how many of the child's tokens are thereby
-        computed. Only full blocks are shared, so neither side ever writes into a block the other reads."""
-        if child.block_table:
-            raise ValueError(f"{child.request_id}: can only fork into a sequence that holds no blocks")
+        """Share with a child holding no pages the parent's computed full blocks whose tokens the child also starts
+        with (e.g. the prompt, for the n samples of one request), group by group. Returns how many of the child's
+        tokens are thereby computed. Only full blocks are shared, so neither side ever writes into a page the
+        other reads."""
+        if any(child.block_tables):
+            raise ValueError(f"{child.request_id}: can only fork into a sequence that holds no pages")
         bs = self.block_size
         # Like a cache hit, leave the child's last token to compute.
         limit = min(parent.num_computed_tokens, child.num_tokens - 1) // bs
-        shared = 0
-        while shared < limit and parent.token_ids[shared * bs : (shared + 1) * bs] == child.token_ids[shared * bs : (shared + 1) * bs]:
-            shared += 1
-        for block_id in parent.block_table[:shared]:
-            self._add_reference(block_id)
-        child.block_table.extend(parent.block_table[:shared])
-        return shared * bs
+        same = 0
+        while same < limit and parent.token_ids[same * bs : (same + 1) * bs] == child.token_ids[same * bs : (same + 1) * bs]:
+            same += 1
+        tables = self._longest_prefix(same, lambda group, block: None if (page := parent.block_tables[group][block]) == RELEASED else page)
+        for table in tables:
+            for page in table:
+                if page != RELEASED:
+                    self._add_reference(page)
+        child.block_tables = tables
+        return len(tables[0]) * bs
 
     def free(self, seq: Sequence) -> None:
-        """Drop seq's references. A block nobody holds goes to the evictable LRU if its contents are cached,
-        else to the free list. Tail blocks are released first so they are evicted before the shared prefix."""
-        for block_id in reversed(seq.block_table):
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                if self.prefix_cache is not None and self.prefix_cache.hash_of(block_id) is not None:
-                    self.prefix_cache.park(block_id)
-                else:
-                    self.free_block_ids.append(block_id)
-        seq.block_table.clear()
-
-    def cache_blocks(self, seq: Sequence, start: int, end: int) -> None:
-        """Tokens [start, end) of seq now have their KV written: name every block that this filled."""
-        if self.prefix_cache is None:
-            return
-        first, last = start // self.block_size, end // self.block_size
-        hashes = self._block_hashes(seq, last)
-        for index in range(first, last):
-            self.prefix_cache.insert(hashes[index], seq.block_table[index])
+        """Drop seq's references. A page nobody holds goes to the evictable LRU if its contents are cached, else
+        to the free list. Tail blocks are released first so they are evicted before the shared prefix."""
+        for block in reversed(range(len(seq.block_tables[0]) if seq.block_tables else 0)):
+            for table in seq.block_tables:
+                if table[block] != RELEASED:
+                    self._drop_reference(table[block])
+        seq.block_tables = []
 
     def reset_prefix_cache(self) -> None:
-        """Forget all cached contents (e.g. to measure a cold start); blocks in use stay with their sequences."""
+        """Forget all cached contents (e.g. to measure a cold start); pages in use stay with their sequences."""
         if self.prefix_cache is not None:
-            self.free_block_ids.extend(self.prefix_cache.forget_all())
+            self.free_pages.extend(self.prefix_cache.forget_all())
 
-    def kv_manifest(self, seq: Sequence) -> list[tuple[int, bytes | None]]:
-        """What moving seq's KV to another worker needs: each block id with the hash of its contents (None for
-        a block not yet full and computed). The receiver allocates its own blocks and can name them by hash."""
+    def kv_manifest(self, seq: Sequence) -> list[list[tuple[int, bytes | None]]]:
+        """What moving seq's KV to another worker needs, group by group: each block's page (RELEASED: nothing to
+        copy) with the hash of its contents (None for a block not yet full and computed). The receiver
+        allocates its own pages and can name them by (group, hash)."""
         num_full = seq.num_computed_tokens // self.block_size
         hashes = self._block_hashes(seq, num_full)
-        return [(block_id, hashes[i] if i < num_full else None) for i, block_id in enumerate(seq.block_table)]
+        return [[(page, hashes[i] if i < num_full else None) for i, page in enumerate(table)] for table in seq.block_tables]
+
+    def _longest_prefix(self, max_blocks: int, page_of: Callable[[int, int], int | None]) -> list[list[int]]:
+        """Per group, the pages of the longest run of L <= max_blocks leading blocks a sequence can resume from
+        (page_of(group, block) gives a page that holds that block's KV, or None): full-attention groups need every
+        block below L, a sliding-window group only the blocks a query at position L*bs reads (RELEASED below)."""
+        bs = self.block_size
+        length = max_blocks
+        for group, window in enumerate(self.windows):
+            if window is None:
+                length = next((block for block in range(length) if page_of(group, block) is None), length)
+        sliding = [group for group, window in enumerate(self.windows) if window is not None]
+        # runs[group][b]: how many consecutive blocks ending at b (inclusive) the group has a page for.
+        runs = {}
+        for group in sliding:
+            run, runs[group] = 0, []
+            for block in range(length):
+                run = run + 1 if page_of(group, block) is not None else 0
+                runs[group].append(run)
+        while length > 0 and any(runs[g][length - 1] < length - first_readable_block(length * bs, self.windows[g], bs)
+                                 for g in sliding):
+            length -= 1
+        return [[page_of(group, block) if block >= first_readable_block(length * bs, window, bs) else RELEASED
+                 for block in range(length)] for group, window in enumerate(self.windows)]
 
     def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """seq's chained block hashes for its first num_blocks full blocks (extending seq.block_hashes)."""
@@ -135,12 +213,20 @@ class BlockManager:
             hashes.append(hash_block_tokens(hashes[-1] if hashes else ROOT_HASH, seq.token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_blocks]
 
-    def _add_reference(self, block_id: int) -> None:
-        if self.ref_counts[block_id] == 0:
-            self.prefix_cache.unpark(block_id)  # only cached blocks can be hit with no reference
-        self.ref_counts[block_id] += 1
+    def _add_reference(self, page: int) -> None:
+        if self.ref_counts[page] == 0:
+            self.prefix_cache.unpark(page)  # only cached pages can be hit with no reference
+        self.ref_counts[page] += 1
 
-    def _take_fresh_block(self) -> int:
-        block_id = self.free_block_ids.popleft() if self.free_block_ids else self.prefix_cache.evict_lru()
-        self.ref_counts[block_id] = 1
-        return block_id
+    def _drop_reference(self, page: int) -> None:
+        self.ref_counts[page] -= 1
+        if self.ref_counts[page] == 0:
+            if self.prefix_cache is not None and self.prefix_cache.name_of(page) is not None:
+                self.prefix_cache.park(page)
+            else:
+                self.free_pages.append(page)
+
+    def _take_fresh_page(self) -> int:
+        page = self.free_pages.popleft() if self.free_pages else self.prefix_cache.evict_lru()
+        self.ref_counts[page] = 1
+        return page

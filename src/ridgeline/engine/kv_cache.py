@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ridgeline.engine.block_manager import pages_held
 from ridgeline.errors import RidgelineError
 from ridgeline.model.config import ModelConfig
 from ridgeline.model.kv_groups import layer_groups
@@ -30,14 +31,21 @@ class KVCacheConfig:
 
 
 def bytes_per_token(model: ModelConfig, cache: KVCacheConfig) -> int:
+    """K and V of one token in every layer: 2 x kv_heads x head_dim x layers x dtype bytes."""
     return int(model.kv_bytes_per_token(cache.torch_dtype.itemsize))
 
 
-def blocks_for_budget(model: ModelConfig, cache: KVCacheConfig) -> int:
-    blocks = cache.memory_bytes // (bytes_per_token(model, cache) * cache.block_size)
-    if blocks < 1:
-        raise RidgelineError(f"KV cache budget of {cache.memory_bytes} bytes holds not even one block of {cache.block_size} tokens")
-    return int(blocks)
+def page_bytes(model: ModelConfig, cache: KVCacheConfig) -> int:
+    """One page: block_size tokens of K and V in the layers of one group (every group has as many layers)."""
+    layers_per_group = len(layer_groups(model)[0].layers)
+    return bytes_per_token(model, cache) // model.num_layers * layers_per_group * cache.block_size
+
+
+def pages_for_budget(model: ModelConfig, cache: KVCacheConfig) -> int:
+    pages = cache.memory_bytes // page_bytes(model, cache)
+    if pages < 1:
+        raise RidgelineError(f"KV cache budget of {cache.memory_bytes} bytes holds not even one page of {cache.block_size} tokens")
+    return int(pages)
 
 
 class KVCache:
@@ -68,12 +76,19 @@ class KVCache:
         return [[block * count + group for block in blocks] for group in range(count)]
 
 
-def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_blocks: int, seq_len: int = 2048) -> str:
-    """The start-up line: how many tokens, and how many sequences of `seq_len` tokens, the pool holds."""
+def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, seq_len: int = 2048) -> str:
+    """The start-up line: how many tokens of every layer the pool holds, what a token costs past the sliding
+    window (only the full-attention layers keep it), and how many sequences of `seq_len` tokens fit when the
+    sliding-window groups keep only their window's pages."""
+    groups = layer_groups(model)
     per_token = bytes_per_token(model, cache)
-    tokens = num_blocks * cache.block_size
-    per_seq_blocks = -(-seq_len // cache.block_size)
-    return (f"KV cache: {num_blocks:,} blocks x {cache.block_size} tokens = {tokens:,} tokens "
-            f"({per_token:,} B/token in {cache.dtype}: 2 x {model.num_kv_heads} kv_heads x {model.head_dim} head_dim "
-            f"x {model.num_layers} layers x {cache.torch_dtype.itemsize} B), "
-            f"{num_blocks // per_seq_blocks:,} sequences of {seq_len:,} tokens")
+    tokens = num_pages * cache.block_size // len(groups)
+    per_seq_pages = sum(pages_held(seq_len, 0, group.window, cache.block_size) for group in groups)
+    line = (f"KV cache: {num_pages:,} pages x {cache.block_size} tokens x {len(groups[0].layers)} layers = {tokens:,} "
+            f"tokens of all layers ({per_token:,} B/token in {cache.dtype}: 2 x {model.num_kv_heads} kv_heads x "
+            f"{model.head_dim} head_dim x {model.num_layers} layers x {cache.torch_dtype.itemsize} B)")
+    if model.sliding_layers:
+        num_full = model.num_layers - len(model.sliding_layers)
+        line += (f"; past the {model.sliding_window:,}-token sliding window a token costs "
+                 f"{per_token * num_full // model.num_layers:,} B (only the {num_full} full-attention layers keep it)")
+    return line + f"; {num_pages // per_seq_pages:,} sequences of {seq_len:,} tokens ({per_seq_pages:,} pages each)"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, blocks_for_budget, describe_capacity
+from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, describe_capacity, pages_for_budget
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.engine.outputs import EngineStats, RequestOutput, RequestTimings
 from ridgeline.engine.sampler import Sampler, TokenLogprobs, prompt_logprobs
@@ -65,12 +65,12 @@ class LLMEngine:
         self.tokenizer = checkpoint.load_tokenizer()
         model = Transformer(checkpoint, config.model_options())
         cache_config = KVCacheConfig(config.scheduler.block_size, config.kv_cache.dtype, config.kv_cache.memory_bytes)
-        self.num_blocks = blocks_for_budget(self.model_config, cache_config)
-        self.runner = ModelRunner(model, KVCache.for_blocks(self.model_config, cache_config, self.num_blocks,
-                                                            model.options.device))
-        self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_blocks)
-        self.scheduler = Scheduler(config.scheduler, self.num_blocks, self.model_config.max_context,
-                                   self.tokenizer.eos_ids)
+        self.num_pages = pages_for_budget(self.model_config, cache_config)
+        kv_cache = KVCache(self.model_config, cache_config, self.num_pages, model.options.device)
+        self.runner = ModelRunner(model, kv_cache)
+        self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_pages)
+        self.scheduler = Scheduler(config.scheduler, self.num_pages, self.model_config.max_context,
+                                   self.tokenizer.eos_ids, windows=[group.window for group in kv_cache.groups])
         self.sampler = Sampler(config.seed)
         self._states: dict[str, _RequestState] = {}
         self._aborted: list[RequestOutput] = []
@@ -162,9 +162,8 @@ class LLMEngine:
         state = self._states.get(chunk.seq.request_id)
         wants_prompt_logits = (state is not None and state.prompt_logprobs is not None
                                and chunk.start < chunk.seq.num_prompt_tokens)
-        return SeqChunk(chunk.token_ids, chunk.start, self.runner.kv_cache.group_tables(list(chunk.block_table)),
-                        all_logits=wants_prompt_logits,
-                        num_prompt_tokens=chunk.seq.num_prompt_tokens)
+        return SeqChunk(chunk.token_ids, chunk.start, [list(table) for table in chunk.block_tables],
+                        all_logits=wants_prompt_logits, num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     def _collect_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
         """Logits at position p score prompt token p+1; gathered chunk by chunk, once (not again after preemption)."""
@@ -204,8 +203,8 @@ class LLMEngine:
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
-            num_free_blocks=blocks.num_free_blocks,
-            num_total_blocks=blocks.num_blocks,
+            num_free_blocks=blocks.num_free_pages,
+            num_total_blocks=blocks.num_pages,
             prefix_cache_queries=cache.num_query_tokens if cache else 0,
             prefix_cache_hits=cache.num_hit_tokens if cache else 0,
             num_preemptions=self.scheduler.num_preemptions,

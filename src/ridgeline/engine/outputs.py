@@ -51,6 +51,7 @@ class RequestOutput:
 class EngineStats:
     num_running: int
     num_waiting: int
+    # KV pages (a page = one block of tokens for one layer group's layers); evictable cached pages count as free
     num_free_blocks: int
     num_total_blocks: int
     prefix_cache_queries: int  # prompt tokens looked up

@@ -3,9 +3,10 @@
 One step = one forward pass. schedule() picks what it computes: every running decode first (one token each,
 so streams never stall behind a long prompt), then prefill chunks, of running partially-prefilled sequences and
 then of waiting ones in arrival order, until `max_num_batched_tokens` is spent. When the KV pool runs dry the
-most recently admitted sequence is preempted: its blocks are freed (full ones stay in the prefix cache) and it
+most recently admitted sequence is preempted: its pages are freed (full ones stay in the prefix cache) and it
 goes back to the front of the queue to be recomputed, prompt and generated tokens alike. After the forward pass,
-update() records what was computed and appends the sampled tokens.
+update() records what was computed (which also lets sliding-window layer groups give up the pages that fell
+out of their window) and appends the sampled tokens.
 
 No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
 """
@@ -15,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ridgeline.engine.block_manager import BlockManager
+from ridgeline.engine.block_manager import BlockManager, peak_pages
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import ContextLengthError, RidgelineError
 
@@ -24,7 +25,7 @@ from ridgeline.errors import ContextLengthError, RidgelineError
 class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens computed per step, decodes and prefill chunks together
     max_num_seqs: int = 256  # running sequences at once (decodes beyond the token budget wait a step)
-    block_size: int = 16  # tokens per KV block
+    block_size: int = 16  # tokens per KV block (and per page)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True  # off: a prompt is prefilled whole in one step or waits
 
@@ -40,7 +41,9 @@ class ScheduledChunk:
     start: int  # index (= position) of the first token to compute
     num_tokens: int
     samples: bool  # ends at the sequence's last token, so its last logits give the next token
-    block_table: tuple[int, ...]  # the sequence's blocks as of this step: token i's KV lives in block_table[i // bs]
+    # Per layer group, the sequence's pages as of this step: token i's KV for group g lives in page
+    # block_tables[g][i // bs]; RELEASED (-1) for blocks a sliding-window group no longer reads.
+    block_tables: tuple[tuple[int, ...], ...]
 
     @property
     def token_ids(self) -> list[int]:
@@ -70,15 +73,15 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        num_blocks: int,
+        num_pages: int,
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,  # a simulator passes its own clock
+        windows: Iterable[int | None] = (None,),  # attention window of each layer group (None = full attention)
     ) -> None:
         self.config = config
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        # A sequence can never hold more than the whole pool, so that is a length limit too.
-        self.max_seq_len = min(max_model_len, num_blocks * config.block_size)
+        self.block_manager = BlockManager(num_pages, config.block_size, windows, config.enable_prefix_caching)
+        self.max_seq_len = self._longest_sequence_that_fits(max_model_len)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
@@ -103,9 +106,9 @@ class Scheduler:
         self._requests[seq.request_id] = seq
 
     def fork(self, parent_request_id: str, child: Sequence) -> None:
-        """Add child, sharing the parent's computed full blocks that hold the child's leading tokens (e.g. the
-        n samples of one prompt, forked once the prompt is prefilled). With no room to run now, the child simply
-        queues like a new request (and, with prefix caching, still finds those blocks)."""
+        """Add child, sharing the parent's pages of computed full blocks that hold the child's leading tokens (e.g.
+        the n samples of one prompt, forked once the prompt is prefilled). With no room to run now, the child
+        simply queues like a new request (and, with prefix caching, still finds those pages)."""
         parent = self._requests.get(parent_request_id)
         if parent is None or parent.status is not SequenceStatus.RUNNING or len(self.running) >= self.config.max_num_seqs:
             self.add_request(child)
@@ -149,10 +152,10 @@ class Scheduler:
             seq = self.waiting[0]
             # Prompt logprobs need logits at every prompt position, so such a request computes its whole prompt.
             wants_prompt_logits = seq.sampling_params.prompt_logprobs is not None
-            cached_blocks = [] if wants_prompt_logits else self.block_manager.find_cached_prefix(seq)
-            num_cached = len(cached_blocks) * self.config.block_size
+            cached = None if wants_prompt_logits else self.block_manager.find_cached_prefix(seq)
+            num_cached = len(cached[0]) * self.config.block_size if cached else 0
             num_tokens = self._chunk_size(seq.num_tokens - num_cached, budget)
-            if num_tokens == 0 or not self.block_manager.allocate(seq, num_tokens, cached_blocks):
+            if num_tokens == 0 or not self.block_manager.allocate(seq, num_tokens, cached):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             if seq.status is SequenceStatus.WAITING:
@@ -182,9 +185,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             end = chunk.start + chunk.num_tokens
-            # Blocks filled by this pass become hits for later requests (not earlier: their KV was not written).
-            self.block_manager.cache_blocks(seq, chunk.start, end)
-            seq.num_computed_tokens = end
+            # Pages filled by this pass become hits for later requests (not earlier: their KV was not written).
+            self.block_manager.mark_computed(seq, end)
             if token_id is None:
                 if end == seq.num_tokens:  # max_tokens=0: the prompt was only scored
                     self._finish(seq, "length")
@@ -198,7 +200,7 @@ class Scheduler:
         return finished
 
     def finish_request(self, request_id: str, reason: str) -> Sequence | None:
-        """End a request now (a stop string the detokenizer found, or an abort) and free its blocks at once.
+        """End a request now (a stop string the detokenizer found, or an abort) and free its pages at once.
         Unknown or already finished ids are ignored (an abort can race the request's own finish)."""
         seq = self._requests.get(request_id)
         if seq is not None:
@@ -207,6 +209,20 @@ class Scheduler:
 
     def abort(self, request_id: str) -> Sequence | None:
         return self.finish_request(request_id, "abort")
+
+    def _longest_sequence_that_fits(self, max_model_len: int) -> int:
+        """The model's context, or less if a sequence that long, computed alone in chunks up to the token budget,
+        would at some point need more pages than the pool has (then it could never finish)."""
+        blocks, budget = self.block_manager, self.config.max_num_batched_tokens
+
+        def fits(num_tokens: int) -> bool:
+            return peak_pages(num_tokens, budget, blocks.windows, blocks.block_size) <= blocks.num_pages
+
+        low, high = 0, max_model_len  # fits(low); the answer is in [low, high]
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle - 1)
+        return low
 
     def _check_fits(self, seq: Sequence) -> None:
         if seq.request_id in self._requests:
@@ -236,7 +252,7 @@ class Scheduler:
             seq.first_scheduled_time = now
         start = seq.num_computed_tokens
         samples = start + num_tokens == seq.num_tokens and seq.sampling_params.max_tokens != 0
-        return ScheduledChunk(seq, start, num_tokens, samples, tuple(seq.block_table))
+        return ScheduledChunk(seq, start, num_tokens, samples, tuple(map(tuple, seq.block_tables)))
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

@@ -8,8 +8,8 @@ from ridgeline.engine.sampling_params import SamplingParams
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, never admitted
-    RUNNING = "running"  # admitted: holds blocks, gets prefill chunks or decodes
-    PREEMPTED = "preempted"  # blocks taken back; queued again to be recomputed
+    RUNNING = "running"  # admitted: holds KV pages, gets prefill chunks or decodes
+    PREEMPTED = "preempted"  # pages taken back; queued again to be recomputed
     FINISHED = "finished"
 
 
@@ -25,7 +25,10 @@ class Sequence:
     # as if they were part of the prompt.
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prefix-cache hit at first admission (tokens whose prefill was skipped)
-    block_table: list[int] = field(default_factory=list)  # block ids, in token order; plain ints so blocks can move
+    # One block table per layer group (model/kv_groups.py) while it holds pages, [] otherwise. Entry i of table g
+    # is the page holding block i (tokens [i*bs, (i+1)*bs)) for group g's layers, or RELEASED (-1) once no later
+    # query of a sliding-window group can read it. Plain ints, so pages can move.
+    block_tables: list[list[int]] = field(default_factory=list)
     # Chained hash of each full block of token_ids (block i covers tokens [i*bs, (i+1)*bs)). Depends on the
     # tokens only, so it stays valid across preemption; grown lazily by the block manager.
     block_hashes: list[bytes] = field(default_factory=list)

@@ -37,9 +37,10 @@ class ServerMetrics:
 
         self.num_running = gauge("ridgeline_num_requests_running", "Sequences in the running batch.")
         self.num_waiting = gauge("ridgeline_num_requests_waiting", "Sequences waiting for admission (incl. preempted).")
-        self.kv_cache_usage = gauge("ridgeline_kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).")
-        self.num_free_blocks = gauge("ridgeline_kv_cache_free_blocks", "KV-cache blocks free for allocation.")
-        self.num_total_blocks = gauge("ridgeline_kv_cache_total_blocks", "KV-cache blocks in the pool.")
+        # Counted in pages: one block of tokens for one layer group's layers (all groups draw on one pool).
+        self.kv_cache_usage = gauge("ridgeline_kv_cache_usage_perc", "Fraction of KV-cache pages in use (0..1).")
+        self.num_free_blocks = gauge("ridgeline_kv_cache_free_blocks", "KV-cache pages free for allocation.")
+        self.num_total_blocks = gauge("ridgeline_kv_cache_total_blocks", "KV-cache pages in the pool.")
         self.prefix_cache_hit_rate = gauge("ridgeline_prefix_cache_hit_rate", "Prefix-cache hits / queries so far (0..1).")
         self.num_preemptions = gauge("ridgeline_num_preemptions", "Preemptions so far.")
 
