@@ -411,3 +411,15 @@ def test_requests_that_cannot_fit_are_refused_up_front() -> None:
 def test_config_rejects_nonsense() -> None:
     with pytest.raises(RidgelineError, match="max_num_batched_tokens"):
         SchedulerConfig(max_num_batched_tokens=0)
+
+
+def test_sliding_windows_and_small_chunks_let_a_sequence_outgrow_the_pool_at_full_cost() -> None:
+    # 30 pages of 4 tokens for a full-attention group and a sliding one (window 8): 60 tokens at full cost.
+    small_chunks, big_chunks = (make_scheduler(num_pages=30, block_size=4, max_num_batched_tokens=budget, windows=(None, 8))
+                                for budget in (4, 64))
+    # A chunk holds the pages of all its tokens while it runs, in the sliding group too.
+    assert big_chunks.max_seq_len == 60 < small_chunks.max_seq_len
+    longest = make_seq("longest", [(5 * i) % 11 + 2 for i in range(small_chunks.max_seq_len - 10)], max_tokens=10)
+    assert_all_correct(small_chunks, run_to_completion(small_chunks, {0: [longest]}))
+    with pytest.raises(ContextLengthError):
+        small_chunks.add_request(make_seq("too-long", [2] * small_chunks.max_seq_len))

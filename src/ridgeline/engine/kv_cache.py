@@ -43,8 +43,9 @@ def page_bytes(model: ModelConfig, cache: KVCacheConfig) -> int:
 
 def pages_for_budget(model: ModelConfig, cache: KVCacheConfig) -> int:
     pages = cache.memory_bytes // page_bytes(model, cache)
-    if pages < 1:
-        raise RidgelineError(f"KV cache budget of {cache.memory_bytes} bytes holds not even one page of {cache.block_size} tokens")
+    if pages < len(layer_groups(model)):  # a sequence's first token needs a page in every group
+        raise RidgelineError(f"KV cache budget of {cache.memory_bytes} bytes holds not even one block of "
+                             f"{cache.block_size} tokens in every layer")
     return int(pages)
 
 
