@@ -18,9 +18,10 @@ def latency_command(
     threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),
     repetitions: int = typer.Option(3, "--repetitions", "-r", min=1, help="Runs of each test (mean ± sd)."),
     weights: list[str] = typer.Option(list(WEIGHT_MODES), "--weights", help="quantized (kept quantised in memory), bf16 or f32 (dequantised at load); repeat to run several."),
+    lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) or q4 (Q4_0): fewer bytes per token, some accuracy (measure it with `ridgeline perplexity --lm-head`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, tuple(weights))
+    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, tuple(weights), lm_head)
     console = Console(stderr=True)
     with console.status("starting", spinner="dots") as status:
         results = run_latency(config, progress=lambda text: status.update(text))
@@ -28,7 +29,8 @@ def latency_command(
         print(json.dumps([r.summary() for r in results], indent=2))
         return
     first = results[0]
-    table = Table(title=f"ridgeline bench latency ({first.threads} threads)")
+    head = "" if lm_head == "keep" else f", LM head requantised to {lm_head}"
+    table = Table(title=f"ridgeline bench latency ({first.threads} threads{head})")
     for column in ("weights", f"pp{config.prompt_tokens} tok/s", f"tg{config.gen_tokens} tok/s", "bytes/token",
                    "ceiling tok/s", "tg % ceiling", "pp % peak", "tg step: linear / other ms"):
         table.add_column(column, justify="right")

@@ -25,6 +25,8 @@ def perplexity_command(
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
     weights: str = typer.Option("quantized", "--weights", help="quantized (as stored, the engine's path), bf16 or f32 "
                                                                "(dequantised at load)."),
+    lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) "
+                                                          "or q4 (Q4_0) to measure what that costs in accuracy."),
 ) -> None:
     if not file.is_file():
         raise RidgelineError(f"text file not found: {file}")
@@ -35,7 +37,7 @@ def perplexity_command(
     console = Console()
     checkpoint = read_checkpoint(model)
     tokenizer = checkpoint.load_tokenizer()
-    model_ = Transformer(checkpoint, ModelOptions(weights=weights))
+    model_ = Transformer(checkpoint, ModelOptions(weights=weights, lm_head=lm_head))
     if ctx > checkpoint.config.max_context:
         raise RidgelineError(f"--ctx {ctx} exceeds the model's context of {checkpoint.config.max_context}")
     cache_config = KVCacheConfig(dtype="fp32")

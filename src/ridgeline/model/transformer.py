@@ -19,6 +19,7 @@ from ridgeline.model.layers.linear import WEIGHT_FORMATS, RowPaths, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
+from ridgeline.model.quant.requantize import LM_HEAD_FORMATS, requantize
 from ridgeline.model.weights import StoredTensor
 
 
@@ -27,10 +28,13 @@ class ModelOptions:
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32  # activation dtype between layers
     weights: str = "quantized"  # "quantized" (kept as stored), "bf16" or "f32" (dequantised at load)
+    lm_head: str = "keep"  # "keep" the LM head as stored, or requantise it: "q8" (Q8_0), "q4" (Q4_0)
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHT_FORMATS:
             raise RidgelineError(f"unknown weight format {self.weights!r} (choose from {', '.join(WEIGHT_FORMATS)})")
+        if self.lm_head not in LM_HEAD_FORMATS:
+            raise RidgelineError(f"unknown --lm-head {self.lm_head!r} (choose from {', '.join(LM_HEAD_FORMATS)})")
 
 
 class DecoderLayer(nn.Module):
@@ -88,8 +92,10 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.embedding = TokenEmbedding(tensor("token_embd.weight"), config.embedding_scale, options.dtype, options.device)
         self.norm = norm("output_norm.weight")
-        head = "token_embd" if config.tie_word_embeddings else "output"
-        self.lm_head = make_linear(tensor(f"{head}.weight"), None, options.weights, options.device)
+        head = tensor("token_embd.weight" if config.tie_word_embeddings else "output.weight")
+        if LM_HEAD_FORMATS[options.lm_head] is not None:
+            head = requantize(head, LM_HEAD_FORMATS[options.lm_head])
+        self.lm_head = make_linear(head, None, options.weights, options.device)
 
         divisors = tensors.get("rope_freqs.weight")
         divisors = divisors.dequantize() if divisors is not None else None

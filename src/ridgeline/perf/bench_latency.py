@@ -36,6 +36,7 @@ class LatencyConfig:
     threads: int | None = None
     repetitions: int = 3
     weights: tuple[str, ...] = WEIGHT_MODES
+    lm_head: str = "keep"  # or requantise the LM head: "q8", "q4" (see model/quant/requantize.py)
     seed: int = 0
 
 
@@ -95,15 +96,15 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
         results = []
         for weights in config.weights:
             progress(f"loading the model with {weights} weights")
-            model = build_model(checkpoint, weights)
+            model = build_model(checkpoint, weights, config.lm_head)
             results.append(_bench_model(model, weights, config, bandwidth, flops, progress))
             del model
     return results
 
 
-def build_model(checkpoint: Checkpoint, weights: str) -> Transformer:
+def build_model(checkpoint: Checkpoint, weights: str, lm_head: str = "keep") -> Transformer:
     """The model with its matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32."""
-    return Transformer(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights))
+    return Transformer(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights, lm_head))
 
 
 def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwidth: float, flops: float,
