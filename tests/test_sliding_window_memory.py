@@ -94,4 +94,8 @@ def test_capacity_report_counts_window_limited_pages(tiny_gemma3):
     # 2,048 tokens: 512 pages in the full-attention group; in each sliding group the blocks of keys 2,041..2,047.
     assert "0 sequences of 2,048 tokens (516 pages each)" in report
     cache = KVCacheConfig(BLOCK_SIZE, "fp32")
-    assert "2 sequences of 64 tokens (20 pages each)" in describe_capacity(engine.model_config, cache, 50, seq_len=64)
+    assert "2 sequences of 64 tokens (20 pages each)" in describe_capacity(engine.model_config, cache, 50, CHUNK, seq_len=64)
+    assert report.endswith("one sequence up to 256 tokens (the model's context)")
+    # A prefill chunk of 16 tokens holds up to 7 pages in each sliding group (the 7 keys before it, its 16, and
+    # block boundaries), so 52 pages leave 38 blocks of 4 tokens for the full-attention group.
+    assert describe_capacity(engine.model_config, cache, 52, CHUNK).endswith("one sequence up to 152 tokens")

@@ -58,6 +58,18 @@ def peak_pages(num_tokens: int, max_chunk: int, windows: Iterable[int | None], b
     return total
 
 
+def longest_fitting_sequence(num_pages: int, max_chunk: int, windows: Iterable[int | None], block_size: int,
+                             max_len: int) -> int:
+    """The most tokens (up to max_len) one sequence can reach with num_pages pages, computed in chunks of at most
+    max_chunk tokens: any longer and, even alone, it would run out of pages on the way."""
+    windows = tuple(windows)
+    low, high = 0, max_len  # peak_pages grows with the length; the answer is in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if peak_pages(middle, max_chunk, windows, block_size) <= num_pages else (low, middle - 1)
+    return low
+
+
 class BlockManager:
     def __init__(self, num_pages: int, block_size: int = 16, windows: Iterable[int | None] = (None,),
                  enable_prefix_caching: bool = True) -> None:

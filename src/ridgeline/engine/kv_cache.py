@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ridgeline.engine.block_manager import pages_held
+from ridgeline.engine.block_manager import longest_fitting_sequence, pages_held
 from ridgeline.errors import RidgelineError
 from ridgeline.model.config import ModelConfig
 from ridgeline.model.kv_groups import layer_groups
@@ -77,14 +77,18 @@ class KVCache:
         return [[block * count + group for block in blocks] for group in range(count)]
 
 
-def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, seq_len: int = 2048) -> str:
+def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, max_chunk_tokens: int,
+                      seq_len: int = 2048) -> str:
     """The start-up line: how many tokens of every layer the pool holds, what a token costs past the sliding
-    window (only the full-attention layers keep it), and how many sequences of `seq_len` tokens fit when the
-    sliding-window groups keep only their window's pages."""
+    window (only the full-attention layers keep it), how many sequences of `seq_len` tokens fit when the
+    sliding-window groups keep only their window's pages, and the longest sequence that fits at all (prefill
+    chunks of up to max_chunk_tokens hold pages for all their tokens while they run)."""
     groups = layer_groups(model)
+    windows = [group.window for group in groups]
     per_token = bytes_per_token(model, cache)
     tokens = num_pages * cache.block_size // len(groups)
-    per_seq_pages = sum(pages_held(seq_len, 0, group.window, cache.block_size) for group in groups)
+    per_seq_pages = sum(pages_held(seq_len, 0, window, cache.block_size) for window in windows)
+    longest = longest_fitting_sequence(num_pages, max_chunk_tokens, windows, cache.block_size, model.max_context)
     line = (f"KV cache: {num_pages:,} pages x {cache.block_size} tokens x {len(groups[0].layers)} layers = {tokens:,} "
             f"tokens of all layers ({per_token:,} B/token in {cache.dtype}: 2 x {model.num_kv_heads} kv_heads x "
             f"{model.head_dim} head_dim x {model.num_layers} layers x {cache.torch_dtype.itemsize} B)")
@@ -92,4 +96,5 @@ def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, 
         num_full = model.num_layers - len(model.sliding_layers)
         line += (f"; past the {model.sliding_window:,}-token sliding window a token costs "
                  f"{per_token * num_full // model.num_layers:,} B (only the {num_full} full-attention layers keep it)")
-    return line + f"; {num_pages // per_seq_pages:,} sequences of {seq_len:,} tokens ({per_seq_pages:,} pages each)"
+    return (line + f"; {num_pages // per_seq_pages:,} sequences of {seq_len:,} tokens ({per_seq_pages:,} pages each)"
+            f"; one sequence up to {longest:,} tokens" + (" (the model's context)" if longest == model.max_context else ""))

@@ -68,7 +68,8 @@ class LLMEngine:
         self.num_pages = pages_for_budget(self.model_config, cache_config)
         kv_cache = KVCache(self.model_config, cache_config, self.num_pages, model.options.device)
         self.runner = ModelRunner(model, kv_cache)
-        self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_pages)
+        self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_pages,
+                                                 config.scheduler.max_num_batched_tokens)
         self.scheduler = Scheduler(config.scheduler, self.num_pages, self.model_config.max_context,
                                    self.tokenizer.eos_ids, windows=[group.window for group in kv_cache.groups])
         self.sampler = Sampler(config.seed)

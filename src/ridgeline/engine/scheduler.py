@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ridgeline.engine.block_manager import BlockManager, peak_pages
+from ridgeline.engine.block_manager import BlockManager, longest_fitting_sequence
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import ContextLengthError, RidgelineError
 
@@ -81,7 +81,10 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.block_manager = BlockManager(num_pages, config.block_size, windows, config.enable_prefix_caching)
-        self.max_seq_len = self._longest_sequence_that_fits(max_model_len)
+        # The model's context, or less if a sequence that long, computed alone in chunks up to the token budget,
+        # would at some point need more pages than the pool has (then it could never finish).
+        self.max_seq_len = longest_fitting_sequence(num_pages, config.max_num_batched_tokens, self.block_manager.windows,
+                                                    config.block_size, max_model_len)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
@@ -209,20 +212,6 @@ class Scheduler:
 
     def abort(self, request_id: str) -> Sequence | None:
         return self.finish_request(request_id, "abort")
-
-    def _longest_sequence_that_fits(self, max_model_len: int) -> int:
-        """The model's context, or less if a sequence that long, computed alone in chunks up to the token budget,
-        would at some point need more pages than the pool has (then it could never finish)."""
-        blocks, budget = self.block_manager, self.config.max_num_batched_tokens
-
-        def fits(num_tokens: int) -> bool:
-            return peak_pages(num_tokens, budget, blocks.windows, blocks.block_size) <= blocks.num_pages
-
-        low, high = 0, max_model_len  # fits(low); the answer is in [low, high]
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if fits(middle) else (low, middle - 1)
-        return low
 
     def _check_fits(self, seq: Sequence) -> None:
         if seq.request_id in self._requests:
