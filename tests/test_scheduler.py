@@ -423,3 +423,24 @@ def test_sliding_windows_and_small_chunks_let_a_sequence_outgrow_the_pool_at_ful
     assert_all_correct(small_chunks, run_to_completion(small_chunks, {0: [longest]}))
     with pytest.raises(ContextLengthError):
         small_chunks.add_request(make_seq("too-long", [2] * small_chunks.max_seq_len))
+
+
+def test_fork_shares_each_groups_pages_but_only_the_window_of_a_sliding_group() -> None:
+    scheduler = make_scheduler(block_size=4, enable_prefix_caching=False, windows=(None, 8))
+    model = PagedFakeModel(256, 4, (None, 8))
+    parent = make_seq("parent", list(range(2, 32)), max_tokens=4)
+    scheduler.add_request(parent)
+    step(scheduler, model)
+    child = make_seq("child", list(range(2, 32)), max_tokens=4)
+    scheduler.fork("parent", child)
+    # Seven full blocks (28 tokens) are shared; the child's next query (position 28) reads keys 21..28, so the
+    # sliding group shares only blocks 5 and 6.
+    assert child.num_computed_tokens == 28
+    (child_full, child_sliding), (parent_full, parent_sliding) = child.block_tables, parent.block_tables
+    assert child_full == parent_full[:7]
+    assert child_sliding == [RELEASED] * 5 + parent_sliding[5:7]
+    output, _ = step(scheduler, model)
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in output.chunks] == [("parent", 30, 1), ("child", 28, 2)]
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    assert_all_correct(scheduler, [parent, child])
