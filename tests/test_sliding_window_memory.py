@@ -15,6 +15,7 @@ from ridgeline.engine.llm import LLM
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import SchedulerConfig
+from ridgeline.model.checkpoint import read_checkpoint
 
 BLOCK_SIZE = 4
 WINDOW = 8  # tiny_models' Gemma 3 sliding window
@@ -34,8 +35,6 @@ def tiny_gemma3(tmp_path_factory) -> str:
 def engine_config(model: str, num_pages: int | None = None) -> EngineConfig:
     cache = KVCacheConfig(block_size=BLOCK_SIZE, dtype="fp32")
     if num_pages is not None:  # a pool of exactly num_pages pages
-        from ridgeline.model.checkpoint import read_checkpoint
-
         cache = KVCacheConfig(BLOCK_SIZE, "fp32", num_pages * page_bytes(read_checkpoint(model).config, cache))
     return EngineConfig(model=model, kv_cache=cache,
                         scheduler=SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=CHUNK))
@@ -51,7 +50,8 @@ def test_a_long_sequence_holds_only_the_window_in_sliding_groups(tiny_gemma3, ge
     prompt = PROMPTS[0]
     length = len(prompt) + GREEDY.max_tokens
     windows = (None, WINDOW, WINDOW)
-    # Just the pages one such sequence ever needs: at full cost (3 pages a block) it would hold 4 * 92 / 3 tokens.
+    # Just the pages one such sequence ever needs; at full cost (a page in each of the 3 groups for every block)
+    # they would hold a third as many blocks.
     num_pages = peak_pages(length, CHUNK, windows, BLOCK_SIZE)
     engine = LLMEngine(engine_config(tiny_gemma3, num_pages))
     assert [group.window for group in engine.runner.kv_cache.groups] == list(windows)
