@@ -236,7 +236,7 @@ class SlidingGroupsOnlyMachine(BlockPoolMachine):
     NUM_PAGES = 12
 
 
-STATE_MACHINE_SETTINGS = settings(max_examples=100, stateful_step_count=50, deadline=None)
+STATE_MACHINE_SETTINGS = settings(max_examples=200, stateful_step_count=50, deadline=None)
 BlockPoolMachine.TestCase.settings = STATE_MACHINE_SETTINGS
 FullAndSlidingGroupsMachine.TestCase.settings = STATE_MACHINE_SETTINGS
 SlidingGroupsOnlyMachine.TestCase.settings = STATE_MACHINE_SETTINGS
