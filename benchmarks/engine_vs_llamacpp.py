@@ -134,7 +134,7 @@ class StepProfile:
         parts = {
             "embedding": s["embedding"],
             "attention q/k/v/o projections": s["attention q/k/v/o projections"],
-            "attention core (qk-norm, rope, KV write, gather, sdpa)": s["attention (all)"] - s["attention q/k/v/o projections"],
+            "attention core (qk-norm, rope, KV write, paged attention)": s["attention (all)"] - s["attention q/k/v/o projections"],
             "mlp (gate/up/down + activation)": s["mlp (gate/up/down + activation)"],
             "norms": s["norms"],
             "lm head": s["lm head"],

@@ -5,7 +5,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from ridgeline.errors import UnsupportedError
-from ridgeline.model.quant import QuantizedLinear, embedding_rows
+from ridgeline.model.quant import QuantizedLinear
 from ridgeline.model.quant.random_blocks import random_stored
 from ridgeline.model.weights import StoredTensor
 
@@ -60,14 +60,6 @@ def test_crossover_defaults_to_a_measured_row_count(stored, tmp_path, monkeypatc
     if kernels.compiled() is not None:
         assert "Q4_K" in (tmp_path / "crossover.json").read_text()
     crossover._in_process.clear()
-
-
-def test_embedding_rows_dequantise_only_the_selected_rows(stored):
-    layer = QuantizedLinear.from_stored(stored, crossover=8)
-    ids = torch.tensor([[3, 0], [3, OUT - 1]])
-    rows = embedding_rows(layer, ids)
-    assert torch.equal(rows, stored.dequantize()[ids.reshape(-1)])
-    assert embedding_rows(layer, ids, torch.bfloat16).dtype == torch.bfloat16
 
 
 def test_memory_is_the_quantised_bytes():

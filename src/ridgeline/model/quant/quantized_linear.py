@@ -85,10 +85,6 @@ class QuantizedLinear(nn.Module):
             y = y + self.bias
         return y.to(dtype)
 
-    def embedding_rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Rows `ids` of the weight, dequantised (only those rows): the tied token embedding lookup."""
-        return kernels.dequantize(self.weight, dtype, rows=ids.reshape(-1).to(self.quants.device))
-
     @property
     def nbytes(self) -> int:
         return self.weight.nbytes
@@ -96,7 +92,3 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {self.qtype.name}, crossover={self.crossover}"
 
-
-def embedding_rows(weight: QuantizedLinear, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[len(ids), in] rows of a quantised matrix (e.g. the tied embedding / LM head), dequantising only those."""
-    return weight.embedding_rows(ids, dtype)
