@@ -3,9 +3,9 @@
 // Every row is computed on its own with the same operations in the same order, so a row's bits do not depend
 // on how many rows share the call. All take and return contiguous float32 tensors.
 #include "kernels.h"
+#include "parallel.h"
 #include "simd_math.h"
 
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -76,7 +76,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch:
     auto out = torch::empty_like(x);
     const float *src = x.data_ptr<float>(), *w = weight.data_ptr<float>(), *base = add ? residual.data_ptr<float>() : nullptr;
     float* dst = out.data_ptr<float>();
-    at::parallel_for(0, rows, grain_rows(dim), [&](int64_t first, int64_t last) {
+    parallel_chunks(rows, grain_rows(dim), [&](int64_t first, int64_t last) {
         for (int64_t r = first; r < last; ++r) {
             float* row = dst + r * dim;
             normalize_row(src + r * dim, w + r % weights * dim, row, dim, static_cast<float>(eps));
@@ -100,7 +100,7 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
     auto out = torch::empty_like(x);
     const float *src = x.data_ptr<float>(), *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
     float* dst = out.data_ptr<float>();
-    at::parallel_for(0, tokens * heads, grain_rows(dim), [&](int64_t first, int64_t last) {
+    parallel_chunks(tokens * heads, grain_rows(dim), [&](int64_t first, int64_t last) {
         for (int64_t row = first; row < last; ++row) {
             const float *in = src + row * dim, *ct = c + row / heads * dim, *st = s + row / heads * dim;
             float* o = dst + row * dim;
@@ -123,7 +123,7 @@ torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu) 
     auto out = torch::empty_like(gate);
     const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
     float* dst = out.data_ptr<float>();
-    at::parallel_for(0, gate.numel() / 16, kGrainElements / 16, [&](int64_t first, int64_t last) {
+    parallel_chunks(gate.numel() / 16, kGrainElements / 16, [&](int64_t first, int64_t last) {
         for (int64_t i = first * 16; i < last * 16; i += 16) {
             const __m512 x = _mm512_loadu_ps(g + i);
             _mm512_storeu_ps(dst + i, _mm512_mul_ps(gelu ? gelu_tanh16(x) : silu16(x), _mm512_loadu_ps(u + i)));

@@ -11,9 +11,9 @@
 // or next to other sequences gives the same bits. Work items are (row, KV head, bundle of the query heads
 // sharing it); the bundle only decides which heads share a pass over the keys, never a head's arithmetic.
 #include "kernels.h"
+#include "parallel.h"
 #include "simd_math.h"
 
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -33,6 +33,12 @@ inline __m512 load16(const uint16_t* p) {  // bf16 is the upper half of a float
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+constexpr int64_t kPrefetchAhead = 4;  // keys
+
+inline void prefetch_row(const void* row, int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(row) + line, _MM_HINT_T0);
+}
+
 struct Item {
     const float* q;       // [B, D]: the bundle's query heads
     float* out;           // [B, D]
@@ -44,7 +50,12 @@ struct Item {
 template <int B, typename KV>
 void attend(const Item& item, const KV* k_cache, const KV* v_cache, int64_t head_dim, float scale, float* scores) {
     const int64_t n = item.n;
+    const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(KV));
     for (int64_t i = 0; i < n; ++i) {
+        // The cache is cold (a step streams the weights through every cache level), and pages are scattered:
+        // fetch the keys a few ahead, and this key's values for the last pass, while the dot products run.
+        if (i + kPrefetchAhead < n) prefetch_row(k_cache + item.keys[i + kPrefetchAhead], row_bytes);
+        prefetch_row(v_cache + item.keys[i], row_bytes);
         const KV* key = k_cache + item.keys[i];
         __m512 acc[B];
         for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
@@ -171,9 +182,11 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     auto run = [&](auto* k_data, auto* v_data) {
         with_bundle(bundle, [&](auto b_const) {
             constexpr int B = decltype(b_const)::value;
-            at::parallel_for(0, items, 1, [&](int64_t first, int64_t last) {
-                std::vector<float> scores(B * max_keys);
-                std::vector<int64_t> keys(max_keys);
+            parallel_chunks(items, 1, [&](int64_t first, int64_t last) {
+                thread_local std::vector<float> scores;
+                thread_local std::vector<int64_t> keys;
+                scores.resize(B * max_keys);
+                keys.resize(max_keys);
                 for (int64_t index = first; index < last; ++index) {
                     const int64_t r = index / (kv_heads * bundles), kv_head = index / bundles % kv_heads;
                     const int64_t head = kv_head * groups + index % bundles * B;

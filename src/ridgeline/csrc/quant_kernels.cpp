@@ -19,8 +19,8 @@
 // the rest). Each activation row's result takes the same operations in the same order whatever the number of
 // rows or the row's place in its tile, so a row's output does not depend on its batch.
 #include "kernels.h"
+#include "parallel.h"
 
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -209,7 +209,7 @@ void gemv_typed(const Planes& planes, const std::vector<QuantizedActivation>& x,
     const int64_t blocks = planes.quants.size(0), groups = k / (4 * group_steps<QT>());
     const int64_t bytes_per_block = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
     const int64_t grain = std::max<int64_t>(1, (32 << 10) / bytes_per_block);
-    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    ridgeline::parallel_chunks(blocks, grain, [&](int64_t begin, int64_t end) {
         for (int64_t block = begin; block < end; ++block) {
             const Block w = planes.block(block);
             for (int64_t m0 = 0; m0 < m_total; m0 += kMaxTile) {
@@ -334,7 +334,7 @@ torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high
         auto run = [&](auto* base) {
             using Out = std::remove_pointer_t<decltype(base)>;
             if (all_rows) {  // whole blocks: each decoded vector serves 16 rows
-                at::parallel_for(0, quants.size(0), 1, [&](int64_t begin, int64_t end) {
+                ridgeline::parallel_chunks(quants.size(0), 1, [&](int64_t begin, int64_t end) {
                     for (int64_t block = begin; block < end; ++block) {
                         Out* targets[kRows] = {};
                         for (int r = 0; r < kRows && block * kRows + r < rows; ++r) targets[r] = base + (block * kRows + r) * k;
@@ -342,7 +342,7 @@ torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high
                     }
                 });
             } else {
-                at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+                ridgeline::parallel_chunks(count, 16, [&](int64_t begin, int64_t end) {
                     for (int64_t i = begin; i < end; ++i) {
                         Out* targets[kRows] = {};
                         targets[picked[i] % kRows] = base + i * k;
