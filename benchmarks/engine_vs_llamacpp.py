@@ -98,7 +98,7 @@ class StepProfile:
         self._hook(model.norm, "norms")
         for layer in model.layers:
             self._hook(layer.attention, "attention (all)")
-            for projection in (layer.attention.q, layer.attention.k, layer.attention.v, layer.attention.o):
+            for projection in (layer.attention.qkv, layer.attention.o):
                 self._hook(projection, "attention q/k/v/o projections")
             self._hook(layer.mlp, "mlp (gate/up/down + activation)")
             for norm in (layer.attn_norm, layer.post_attn_norm, layer.ffn_norm, layer.post_ffn_norm):

@@ -1,4 +1,5 @@
-"""The compiled per-layer ops (RMSNorm with optional residual, RoPE, gated activations) against torch."""
+"""The compiled per-layer ops (RMSNorm with optional residual, QK-norm + RoPE + cache writes, gated activations)
+against torch."""
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ def rms_norm_reference(x, weight, eps):
 
 
 @needs_compiled
-@pytest.mark.parametrize("shape,weight_shape", [((1, 640), (640,)), ((37, 640), (640,)), ((5, 6, 256), (6, 256))])
+@pytest.mark.parametrize("shape,weight_shape", [((1, 640), (640,)), ((37, 640), (640,)), ((5, 6, 256), (256,))])
 def test_rms_norm_matches_torch_with_and_without_residual(shape, weight_shape):
     generator = torch.Generator().manual_seed(0)
     x, weight = torch.randn(shape, generator=generator) * 3, torch.randn(weight_shape, generator=generator)
@@ -25,24 +26,41 @@ def test_rms_norm_matches_torch_with_and_without_residual(shape, weight_shape):
 
 
 @needs_compiled
-def test_rope_matches_rotate_half():
-    from ridgeline.model.layers.rope import RotaryEmbedding
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_prepare_attention_matches_norm_rope_and_cache_writes(cache_dtype, qk_norm):
+    from ridgeline.model.layers.rope import RotaryEmbedding, apply_rope
 
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(9, 5, 64, generator=generator)
-    cos, sin = RotaryEmbedding(64, 10000.0).cos_sin(torch.arange(100, 109))
-    x1, x2 = x.chunk(2, dim=-1)
-    expected = x * cos + torch.cat((-x2, x1), dim=-1) * sin
-    torch.testing.assert_close(compiled().rope(x, cos, sin), expected)
+    tokens, heads, kv_heads, dim = 5, 4, 2, 64
+    projected = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator)  # q, k, v side by side
+    q, k, v = projected.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=1)
+    q_weight, k_weight = torch.randn(dim, generator=generator), torch.randn(dim, generator=generator)
+    cos, sin = RotaryEmbedding(dim, 10000.0).cos_sin(torch.arange(100, 100 + tokens))
+    k_cache, v_cache = torch.zeros(32, kv_heads, dim, dtype=cache_dtype), torch.zeros(32, kv_heads, dim, dtype=cache_dtype)
+    slots = torch.tensor([3, 17, 4, 30, 0])
+    norms = (q_weight, k_weight, 1e-6) if qk_norm else (NO_TENSOR, NO_TENSOR, 0.0)
+    queries = compiled().prepare_attention(q, k, v, *norms, cos, sin, k_cache, v_cache, slots)
+
+    q_heads, k_heads = q.reshape(tokens, heads, dim), k.reshape(tokens, kv_heads, dim)
+    if qk_norm:
+        q_heads, k_heads = rms_norm_reference(q_heads, q_weight, 1e-6), rms_norm_reference(k_heads, k_weight, 1e-6)
+    torch.testing.assert_close(queries, apply_rope(q_heads, cos, sin))
+    torch.testing.assert_close(k_cache[slots], apply_rope(k_heads, cos, sin).to(cache_dtype))
+    assert torch.equal(v_cache[slots], v.reshape(tokens, kv_heads, dim).to(cache_dtype))
+    untouched = torch.ones(32, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
 @needs_compiled
 @pytest.mark.parametrize("gelu", [True, False])
 def test_gated_activation_matches_torch(gelu):
     generator = torch.Generator().manual_seed(2)
-    gate, up = torch.randn(7, 2048, generator=generator) * 6, torch.randn(7, 2048, generator=generator)
+    # column slices of one [rows, 2n] matrix, as the shared gate/up projection hands them over
+    gate, up = (torch.randn(7, 4096, generator=generator) * 6).split(2048, dim=1)
     activation = (lambda g: nn.functional.gelu(g, approximate="tanh")) if gelu else nn.functional.silu
-    torch.testing.assert_close(compiled().gated_activation(gate, up, gelu), activation(gate) * up, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(compiled().gated_activation(gate, up, gelu), activation(gate) * up, rtol=1e-5, atol=1e-5)
 
 
 @needs_compiled

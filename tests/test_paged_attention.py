@@ -36,7 +36,7 @@ def batch_of(chunks: list[SeqChunk], window: int | None) -> AttentionBatch:
 
 
 @needs_compiled
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 256), (8, 2, 64), (6, 2, 128), (16, 2, 64), (2, 2, 32)])
 @pytest.mark.parametrize("window", [None, 5])
 def test_kernel_matches_torch_attention(dtype, heads, kv_heads, head_dim, window):

@@ -11,6 +11,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("paged_attention", &ridgeline::paged_attention,
                "Attention of each query row over its key range in a paged KV cache", release_gil());
     module.def("rms_norm", &ridgeline::rms_norm, "RMSNorm of each row (plus a residual when it is not empty)", release_gil());
-    module.def("rope", &ridgeline::rope, "Rotary position embedding, rotate-half layout", release_gil());
     module.def("gated_activation", &ridgeline::gated_activation, "act(gate) * up, act = tanh-GELU or SiLU", release_gil());
+    module.def("prepare_attention", &ridgeline::prepare_attention,
+               "QK-norm and RoPE of new tokens, their keys and values written to the cache", release_gil());
 }

@@ -18,7 +18,9 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 
 // layer_ops.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch::Tensor residual);
-torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu);
+torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor q_norm,
+                                torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
+                                torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots);
 
 }  // namespace ridgeline

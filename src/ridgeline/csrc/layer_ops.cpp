@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -46,7 +47,7 @@ void check_float_rows(const torch::Tensor& t, const char* name) {
                 name, " must be a contiguous float32 CPU tensor whose last dim is a multiple of 16");
 }
 
-// x[r] / rms(x[r]) * weight[r % weights]; the sum of squares in 16 lanes, then one fixed-order reduction.
+// x / rms(x) * weight for one row; the sum of squares in 16 lanes, then one fixed-order reduction.
 void normalize_row(const float* x, const float* weight, float* out, int64_t dim, float eps) {
     __m512 squares = _mm512_setzero_ps();
     for (int64_t i = 0; i < dim; i += 16) {
@@ -59,6 +60,31 @@ void normalize_row(const float* x, const float* weight, float* out, int64_t dim,
     }
 }
 
+// (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for one head of `dim` values.
+void rotate_half(const float* in, const float* cos, const float* sin, float* out, int64_t dim) {
+    const int64_t half = dim / 2;
+    for (int64_t i = 0; i < half; i += 16) {
+        const __m512 x1 = _mm512_loadu_ps(in + i), x2 = _mm512_loadu_ps(in + half + i);
+        _mm512_storeu_ps(out + i, _mm512_sub_ps(_mm512_mul_ps(x1, _mm512_loadu_ps(cos + i)),
+                                                _mm512_mul_ps(x2, _mm512_loadu_ps(sin + i))));
+        _mm512_storeu_ps(out + half + i, _mm512_add_ps(_mm512_mul_ps(x2, _mm512_loadu_ps(cos + half + i)),
+                                                       _mm512_mul_ps(x1, _mm512_loadu_ps(sin + half + i))));
+    }
+}
+
+// One head vector into the cache in the cache's dtype.
+void store_head(const float* values, void* cache, torch::ScalarType dtype, int64_t offset, int64_t dim) {
+    for (int64_t i = 0; i < dim; i += 16) {
+        const __m512 v = _mm512_loadu_ps(values + i);
+        if (dtype == torch::kFloat32) {
+            _mm512_storeu_ps(static_cast<float*>(cache) + offset + i, v);
+        } else {
+            const __m256i half = dtype == torch::kBFloat16 ? ridgeline::to_bf16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(cache) + offset + i), half);
+        }
+    }
+}
+
 }  // namespace
 
 namespace ridgeline {
@@ -66,8 +92,8 @@ namespace ridgeline {
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch::Tensor residual) {
     check_float_rows(x, "rms_norm: x");
     check_float_rows(weight, "rms_norm: weight");
-    const int64_t dim = x.size(-1), rows = x.numel() / dim, weights = weight.numel() / dim;
-    TORCH_CHECK(weight.size(-1) == dim && rows % weights == 0, "rms_norm: weight must be [dim] or [heads, dim] of x");
+    const int64_t dim = x.size(-1), rows = x.numel() / dim;
+    TORCH_CHECK(weight.numel() == dim, "rms_norm: weight must be [dim] of x");
     const bool add = residual.numel() > 0;
     if (add) {
         check_float_rows(residual, "rms_norm: residual");
@@ -79,7 +105,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch:
     parallel_chunks(rows, grain_rows(dim), [&](int64_t first, int64_t last) {
         for (int64_t r = first; r < last; ++r) {
             float* row = dst + r * dim;
-            normalize_row(src + r * dim, w + r % weights * dim, row, dim, static_cast<float>(eps));
+            normalize_row(src + r * dim, w, row, dim, static_cast<float>(eps));
             if (add) {
                 for (int64_t i = 0; i < dim; i += 16) {
                     _mm512_storeu_ps(row + i, _mm512_add_ps(_mm512_loadu_ps(base + r * dim + i), _mm512_loadu_ps(row + i)));
@@ -90,43 +116,81 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch:
     return out;
 }
 
-torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
-    check_float_rows(x, "rope: x");
-    TORCH_CHECK(x.dim() == 3 && cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
-                    sin.scalar_type() == torch::kFloat32 && cos.numel() == x.size(0) * x.size(2) && sin.numel() == cos.numel(),
-                "rope: x must be [tokens, heads, head_dim] with cos and sin of [tokens, head_dim]");
-    const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
-    TORCH_CHECK(half % 16 == 0, "rope: head_dim must be a multiple of 32");
-    auto out = torch::empty_like(x);
-    const float *src = x.data_ptr<float>(), *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+// gate and up may be column slices of one wider matrix (see layers/shared_input.py): rows are strided.
+torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu) {
+    for (const auto* t : {&gate, &up}) {
+        TORCH_CHECK(t->dim() == 2 && t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(1) == 1 &&
+                        t->size(1) % 16 == 0, "gated_activation: gate and up must be [rows, n] float32 CPU tensors with "
+                        "unit column stride, n a multiple of 16");
+    }
+    TORCH_CHECK(gate.sizes() == up.sizes(), "gated_activation: gate and up must have one shape");
+    const int64_t rows = gate.size(0), width = gate.size(1);
+    auto out = torch::empty({rows, width}, gate.options());
+    const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
     float* dst = out.data_ptr<float>();
-    parallel_chunks(tokens * heads, grain_rows(dim), [&](int64_t first, int64_t last) {
-        for (int64_t row = first; row < last; ++row) {
-            const float *in = src + row * dim, *ct = c + row / heads * dim, *st = s + row / heads * dim;
-            float* o = dst + row * dim;
-            for (int64_t i = 0; i < half; i += 16) {  // (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-                const __m512 x1 = _mm512_loadu_ps(in + i), x2 = _mm512_loadu_ps(in + half + i);
-                _mm512_storeu_ps(o + i, _mm512_sub_ps(_mm512_mul_ps(x1, _mm512_loadu_ps(ct + i)),
-                                                      _mm512_mul_ps(x2, _mm512_loadu_ps(st + i))));
-                _mm512_storeu_ps(o + half + i, _mm512_add_ps(_mm512_mul_ps(x2, _mm512_loadu_ps(ct + half + i)),
-                                                             _mm512_mul_ps(x1, _mm512_loadu_ps(st + half + i))));
+    parallel_chunks(rows, grain_rows(width), [&](int64_t first, int64_t last) {
+        for (int64_t r = first; r < last; ++r) {
+            const float *gate_row = g + r * gate.stride(0), *up_row = u + r * up.stride(0);
+            for (int64_t i = 0; i < width; i += 16) {
+                const __m512 x = _mm512_loadu_ps(gate_row + i);
+                _mm512_storeu_ps(dst + r * width + i, _mm512_mul_ps(gelu ? gelu_tanh16(x) : silu16(x), _mm512_loadu_ps(up_row + i)));
             }
         }
     });
     return out;
 }
 
-torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu) {
-    check_float_rows(gate, "gated_activation: gate");
-    check_float_rows(up, "gated_activation: up");
-    TORCH_CHECK(gate.sizes() == up.sizes(), "gated_activation: gate and up must have one shape");
-    auto out = torch::empty_like(gate);
-    const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
-    float* dst = out.data_ptr<float>();
-    parallel_chunks(gate.numel() / 16, kGrainElements / 16, [&](int64_t first, int64_t last) {
-        for (int64_t i = first * 16; i < last * 16; i += 16) {
-            const __m512 x = _mm512_loadu_ps(g + i);
-            _mm512_storeu_ps(dst + i, _mm512_mul_ps(gelu ? gelu_tanh16(x) : silu16(x), _mm512_loadu_ps(u + i)));
+// A layer's new tokens on their way into attention: QK-norm (when the weights are not empty) and RoPE for the
+// queries and keys, and the keys and values written to their cache slots. q, k, v are [tokens, heads * head_dim]
+// column slices of the projections' output (unit column stride); returns the queries as [tokens, heads, head_dim].
+torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor q_norm,
+                                torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
+                                torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots) {
+    for (const auto* t : {&q, &k, &v}) {
+        TORCH_CHECK(t->dim() == 2 && t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(1) == 1,
+                    "prepare_attention: q, k, v must be [tokens, n] float32 CPU tensors with unit column stride");
+    }
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                    k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type() &&
+                    (k_cache.scalar_type() == torch::kFloat32 || k_cache.scalar_type() == torch::kBFloat16 ||
+                     k_cache.scalar_type() == torch::kHalf),
+                "prepare_attention: caches must be contiguous [slots, kv_heads, head_dim] fp32, bf16 or fp16 tensors");
+    const int64_t tokens = q.size(0), kv_heads = k_cache.size(1), dim = k_cache.size(2), num_slots = k_cache.size(0);
+    const int64_t heads = q.size(1) / dim;
+    TORCH_CHECK(dim % 32 == 0 && q.size(1) == heads * dim && k.size(1) == kv_heads * dim && v.size(1) == kv_heads * dim &&
+                    k.size(0) == tokens && v.size(0) == tokens, "prepare_attention: shapes do not match the cache");
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * dim && sin.numel() == tokens * dim,
+                "prepare_attention: cos and sin must be [tokens, head_dim]");
+    const bool normed = q_norm.numel() > 0;
+    TORCH_CHECK(!normed || (q_norm.numel() == dim && k_norm.numel() == dim && q_norm.is_contiguous() && k_norm.is_contiguous()),
+                "prepare_attention: QK-norm weights must be [head_dim]");
+    TORCH_CHECK(slots.scalar_type() == torch::kInt64 && slots.numel() == tokens, "prepare_attention: one int64 slot per token");
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "prepare_attention: slot out of range");
+
+    auto out = torch::empty({tokens, heads, dim}, q.options().memory_format(c10::MemoryFormat::Contiguous));
+    const auto dtype = k_cache.scalar_type();
+    parallel_chunks(tokens, grain_rows((heads + 2 * kv_heads) * dim), [&](int64_t first, int64_t last) {
+        std::vector<float> scratch(dim), key(dim);
+        for (int64_t t = first; t < last; ++t) {
+            const float *c = cos.data_ptr<float>() + t * dim, *s = sin.data_ptr<float>() + t * dim;
+            auto rotated = [&](const float* head, const torch::Tensor& weight, float* into) {
+                const float* source = head;
+                if (normed) {
+                    normalize_row(head, weight.data_ptr<float>(), scratch.data(), dim, static_cast<float>(eps));
+                    source = scratch.data();
+                }
+                rotate_half(source, c, s, into, dim);
+            };
+            for (int64_t h = 0; h < heads; ++h) {
+                rotated(q.data_ptr<float>() + t * q.stride(0) + h * dim, q_norm, out.data_ptr<float>() + (t * heads + h) * dim);
+            }
+            for (int64_t h = 0; h < kv_heads; ++h) {
+                rotated(k.data_ptr<float>() + t * k.stride(0) + h * dim, k_norm, key.data());
+                store_head(key.data(), k_cache.data_ptr(), dtype, (slot[t] * kv_heads + h) * dim, dim);
+                store_head(v.data_ptr<float>() + t * v.stride(0) + h * dim, v_cache.data_ptr(), dtype,
+                           (slot[t] * kv_heads + h) * dim, dim);
+            }
         }
     });
     return out;

@@ -3,7 +3,7 @@
 // Row r attends keys [key_begin[r], key_end[r]) of sequence row_seq[r]; key position p lives in slot
 // block_tables[seq][p / block_size] * block_size + p % block_size of the layer's [slots, kv_heads, head_dim]
 // cache. A causal mask is key_end = position + 1, a sliding window raises key_begin: no mask tensors, no
-// gathered copies of K and V, and keys are read straight from the cache in its own dtype (bf16 or fp32).
+// gathered copies of K and V, and keys are read straight from the cache in its own dtype (bf16, fp16 or fp32).
 //
 // Why one row at a time: a request's tokens must not depend on how it was batched or chunked. Every row runs
 // the same operations in the same order whatever else is in the call (its scores key by key, a softmax over
@@ -28,7 +28,12 @@ constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
-inline __m512 load16(const uint16_t* p) {  // bf16 is the upper half of a float
+struct BFloat16 { uint16_t bits; };  // the cache's 16-bit element types, told apart by type
+struct Half { uint16_t bits; };
+
+inline __m512 load16(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+inline __m512 load16(const BFloat16* p) {  // bf16 is the upper half of a float
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
@@ -142,8 +147,9 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                 "paged_attention: q must be a contiguous [rows, heads, head_dim] float32 CPU tensor");
     TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
                     v_cache.is_contiguous() && k_cache.scalar_type() == v_cache.scalar_type() &&
-                    (k_cache.scalar_type() == torch::kBFloat16 || k_cache.scalar_type() == torch::kFloat32),
-                "paged_attention: K and V caches must be contiguous [slots, kv_heads, head_dim] bf16 or fp32 tensors");
+                    (k_cache.scalar_type() == torch::kBFloat16 || k_cache.scalar_type() == torch::kHalf ||
+                     k_cache.scalar_type() == torch::kFloat32),
+                "paged_attention: K and V caches must be contiguous [slots, kv_heads, head_dim] bf16, fp16 or fp32 tensors");
     for (const auto* t : {&block_tables, &row_seq, &key_begin, &key_end}) {
         TORCH_CHECK(t->scalar_type() == torch::kInt32 && t->is_contiguous(), "paged_attention: indices must be contiguous int32");
     }
@@ -204,7 +210,9 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         });
     };
     if (k_cache.scalar_type() == torch::kBFloat16) {
-        run(reinterpret_cast<const uint16_t*>(k_cache.data_ptr()), reinterpret_cast<const uint16_t*>(v_cache.data_ptr()));
+        run(static_cast<const BFloat16*>(k_cache.data_ptr()), static_cast<const BFloat16*>(v_cache.data_ptr()));
+    } else if (k_cache.scalar_type() == torch::kHalf) {
+        run(static_cast<const Half*>(k_cache.data_ptr()), static_cast<const Half*>(v_cache.data_ptr()));
     } else {
         run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
     }

@@ -20,6 +20,7 @@
 // rows or the row's place in its tile, so a row's output does not depend on its batch.
 #include "kernels.h"
 #include "parallel.h"
+#include "simd_math.h"
 
 #include <immintrin.h>
 
@@ -272,13 +273,6 @@ torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::
 }
 
 // Round-to-nearest-even float -> bf16 bits, without requiring AVX512-BF16.
-inline __m256i to_bf16(__m512 v) {
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i rounding = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)),
-                                              _mm512_set1_epi32(0x7FFF));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, rounding), 16));
-}
-
 // The rows of one block whose output pointer is not null, dequantised: w = a * u - b.
 template <int QT, typename Out>
 void dequantize_block(const Block& w, int64_t k, Out* const* rows) {

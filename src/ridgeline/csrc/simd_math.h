@@ -23,4 +23,12 @@ inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// float -> bf16, rounding to nearest even (as torch's .to(torch.bfloat16) does for finite values).
+inline __m256i to_bf16(__m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i rounding = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)),
+                                              _mm512_set1_epi32(0x7FFF));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, rounding), 16));
+}
+
 }  // namespace ridgeline

@@ -19,6 +19,7 @@ from ridgeline.model.layers.linear import WEIGHT_FORMATS, RowPaths, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
+from ridgeline.model.layers.shared_input import SharedInputLinear
 from ridgeline.model.quant.requantize import LM_HEAD_FORMATS, requantize
 from ridgeline.model.weights import StoredTensor
 
@@ -65,6 +66,10 @@ class Transformer(nn.Module):
             return make_linear(tensor(f"{name}.weight"), tensor(f"{name}.bias", required=False),
                                options.weights, options.device)
 
+        def shared_input(*names: str) -> SharedInputLinear:
+            return SharedInputLinear([tensor(f"{n}.weight") for n in names],
+                                     [tensor(f"{n}.bias", required=False) for n in names], options.weights, options.device)
+
         def norm(name: str) -> RMSNorm:
             return RMSNorm(tensor(name).dequantize().to(options.device), config.rms_norm_eps)
 
@@ -75,13 +80,13 @@ class Transformer(nn.Module):
         for i in range(config.num_layers):
             p = f"blk.{i}"
             attention = PagedAttention(
-                linear(f"{p}.attn_q"), linear(f"{p}.attn_k"), linear(f"{p}.attn_v"), linear(f"{p}.attn_output"),
+                shared_input(f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"), linear(f"{p}.attn_output"),
                 config.num_heads, config.num_kv_heads, config.head_dim, config.softmax_scale,
                 group_of_layer[i],
                 norm(f"{p}.attn_q_norm.weight") if config.qk_norm else None,
                 norm(f"{p}.attn_k_norm.weight") if config.qk_norm else None,
             )
-            mlp = GatedMLP(linear(f"{p}.ffn_gate"), linear(f"{p}.ffn_up"), linear(f"{p}.ffn_down"), config.activation)
+            mlp = GatedMLP(shared_input(f"{p}.ffn_gate", f"{p}.ffn_up"), linear(f"{p}.ffn_down"), config.activation)
             sandwich = config.sandwich_norms
             layers.append(DecoderLayer(
                 norm(f"{p}.attn_norm.weight"), attention,

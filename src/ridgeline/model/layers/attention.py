@@ -7,36 +7,44 @@ from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.layers.attention_kernel import paged_attention
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import apply_rope
+from ridgeline.model.layers.shared_input import SharedInputLinear
+from ridgeline.model.native import NO_TENSOR, compiled, on_compiled_path
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module, num_heads: int, num_kv_heads: int,
+    def __init__(self, qkv: SharedInputLinear, o: nn.Module, num_heads: int, num_kv_heads: int,
                  head_dim: int, scale: float, group: int, q_norm: RMSNorm | None, k_norm: RMSNorm | None):
         super().__init__()
-        self.q, self.k, self.v, self.o = q, k, v, o
-        # Queries and keys are normalised and rotated side by side, [heads + kv_heads, head_dim] per token:
-        # one call each instead of two (a decode step is dominated by per-call overhead).
-        self.qk_norm = None if q_norm is None else RMSNorm(
-            torch.cat((q_norm.weight.expand(num_heads, -1), k_norm.weight.expand(num_kv_heads, -1))), q_norm.eps)
+        self.qkv, self.o = qkv, o
+        self.q_norm, self.k_norm = q_norm, k_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.group = group  # the layer group (model/kv_groups.py) whose block tables and window this layer uses
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch,
                 cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        tokens = x.shape[0]
         paths = batch.row_paths
-        q = self.q(x, paths).view(tokens, self.num_heads, self.head_dim)
-        k = self.k(x, paths).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v(x, paths).view(tokens, self.num_kv_heads, self.head_dim)
-        qk = torch.cat((q, k), dim=1)
-        if self.qk_norm is not None:
-            qk = self.qk_norm(qk)
-        q, k = apply_rope(qk, *rope).split((self.num_heads, self.num_kv_heads), dim=1)
-
+        q, k, v = self.qkv(x, paths)
         k_cache, v_cache = cache
         view = batch.groups[self.group]
-        k_cache.index_copy_(0, view.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, view.slot_mapping, v.to(v_cache.dtype))
+        if self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
+            # QK-norm, RoPE and the cache writes in one call: a dozen torch calls per layer otherwise
+            norms = (NO_TENSOR, NO_TENSOR, 0.0) if self.q_norm is None else (
+                self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            q = compiled().prepare_attention(q, k, v, *norms, *rope, k_cache, v_cache, view.slot_mapping)
+        else:
+            q = self._prepare(q, k, v, rope, k_cache, v_cache, view.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch, view, self.scale)
-        return self.o(out.view(tokens, -1), paths)
+        return self.o(out.view(x.shape[0], -1), paths)
+
+    def _prepare(self, q, k, v, rope, k_cache, v_cache, slots) -> torch.Tensor:
+        """The same in torch: [T, heads, head_dim] queries out, keys and values into their cache slots."""
+        tokens = q.shape[0]
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, slots, v.reshape(tokens, self.num_kv_heads, self.head_dim).to(v_cache.dtype))
+        return q

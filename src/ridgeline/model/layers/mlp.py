@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from ridgeline.model.layers.linear import RowPaths
+from ridgeline.model.layers.shared_input import SharedInputLinear
 from ridgeline.model.native import compiled, on_compiled_path
 
 ACTIVATIONS = {
@@ -13,15 +14,15 @@ ACTIVATIONS = {
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, gate: nn.Module, up: nn.Module, down: nn.Module, activation: str):
+    def __init__(self, gate_up: SharedInputLinear, down: nn.Module, activation: str):
         super().__init__()
-        self.gate, self.up, self.down = gate, up, down
+        self.gate_up, self.down = gate_up, down
         self.activation, self.gelu = activation, activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor, paths: RowPaths) -> torch.Tensor:
-        gate, up = self.gate(x, paths), self.up(x, paths)
+        gate, up = self.gate_up(x, paths)
         if on_compiled_path(gate, multiple=16):
-            mixed = compiled().gated_activation(gate.contiguous(), up.contiguous(), self.gelu)
+            mixed = compiled().gated_activation(gate, up, self.gelu)
         else:
             mixed = ACTIVATIONS[self.activation](gate) * up
         return self.down(mixed, paths)

@@ -7,13 +7,13 @@ from ridgeline.model.native import NO_TENSOR, compiled, on_compiled_path
 
 
 class RMSNorm(nn.Module):
-    """Normalises the last dim; the weight is [dim], or [heads, dim] for a per-head scale (attention's QK-norm).
+    """Normalises the last dim with a [dim] weight.
 
     On the CPU in fp32 it is one call of the compiled kernels. Elsewhere (torch):
     x * rsqrt(mean(x²) + eps) * w is computed as x * rsqrt(sum(x²) + dim * eps) * (w * sqrt(dim)): the same
-    value in fewer torch calls (a decode step makes ~90 of these, and each call costs more than its arithmetic;
-    torch's rms_norm makes eight, two of them scalar-to-tensor conversions). No fused multiply-add either: its
-    vectorised and scalar code paths round differently, which would make a row's bits depend on the batch size.
+    value in fewer torch calls (torch's rms_norm makes eight, two of them scalar-to-tensor conversions). No fused
+    multiply-add either: its vectorised and scalar code paths round differently, which would make a row's bits
+    depend on the batch size.
     """
 
     def __init__(self, weight: torch.Tensor, eps: float):

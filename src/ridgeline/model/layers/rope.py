@@ -2,8 +2,6 @@
 
 import torch
 
-from ridgeline.model.native import compiled, on_compiled_path
-
 
 class RotaryEmbedding:
     def __init__(self, head_dim: int, theta: float, linear_factor: float = 1.0,
@@ -22,7 +20,5 @@ class RotaryEmbedding:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim]. (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), computed in fp32 as whole rows."""
-    if on_compiled_path(x, multiple=32):
-        return compiled().rope(x.contiguous(), cos, sin)
     x1, x2 = x.chunk(2, dim=-1)
     return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
