@@ -20,7 +20,7 @@ from ridgeline.engine.sequence import Sequence
 from ridgeline.engine.stop_checker import StopChecker
 from ridgeline.errors import ContextLengthError, RidgelineError
 from ridgeline.model.attention_batch import SeqChunk
-from ridgeline.model.checkpoint import read_checkpoint
+from ridgeline.model.checkpoint import read_checkpoint, release_loader_memory
 from ridgeline.model.tokenizer import IncrementalDetokenizer
 from ridgeline.model.transformer import ModelOptions, Transformer
 
@@ -64,6 +64,8 @@ class LLMEngine:
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.load_tokenizer()
         model = Transformer(checkpoint, config.model_options())
+        del checkpoint
+        release_loader_memory()
         cache_config = KVCacheConfig(config.scheduler.block_size, config.kv_cache.dtype, config.kv_cache.memory_bytes)
         self.num_pages = pages_for_budget(self.model_config, cache_config)
         kv_cache = KVCache(self.model_config, cache_config, self.num_pages, model.options.device)

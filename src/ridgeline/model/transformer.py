@@ -15,11 +15,12 @@ from ridgeline.model.checkpoint import Checkpoint
 from ridgeline.model.kv_groups import layer_groups
 from ridgeline.model.layers.attention import PagedAttention
 from ridgeline.model.layers.embedding import TokenEmbedding
-from ridgeline.model.layers.linear import WEIGHT_FORMATS, RowPaths, make_linear
+from ridgeline.model.layers.linear import WEIGHT_FORMATS, PhaseAwareLinear, RowPaths, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
 from ridgeline.model.layers.shared_input import SharedInputLinear
+from ridgeline.model.quant import kernels
 from ridgeline.model.quant.requantize import LM_HEAD_FORMATS, requantize
 from ridgeline.model.weights import StoredTensor
 
@@ -95,12 +96,16 @@ class Transformer(nn.Module):
                 norm(f"{p}.post_ffw_norm.weight") if sandwich else None,
             ))
         self.layers = nn.ModuleList(layers)
-        self.embedding = TokenEmbedding(tensor("token_embd.weight"), config.embedding_scale, options.dtype, options.device)
         self.norm = norm("output_norm.weight")
-        head = tensor("token_embd.weight" if config.tie_word_embeddings else "output.weight")
+        embedding = tensor("token_embd.weight")
+        head = embedding if config.tie_word_embeddings else tensor("output.weight")
         if LM_HEAD_FORMATS[options.lm_head] is not None:
             head = requantize(head, LM_HEAD_FORMATS[options.lm_head])
         self.lm_head = make_linear(head, None, options.weights, options.device)
+        shares_head = (head is embedding and isinstance(self.lm_head, PhaseAwareLinear)
+                       and kernels.uses_compiled_kernels(self.lm_head.quantized.weight))
+        self.embedding = TokenEmbedding(self.lm_head.quantized if shares_head else embedding, config.embedding_scale,
+                                        options.dtype, options.device)
 
         divisors = tensors.get("rope_freqs.weight")
         divisors = divisors.dequantize() if divisors is not None else None

@@ -53,8 +53,8 @@ class StoredTensor:
         return 8 * self.nbytes / self.numel
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if not self.is_quantized:
-            return self.data.to(dtype)
+        if not self.is_quantized:  # a copy: the stored data may be a view of the file's memory map
+            return self.data.to(dtype, copy=True)
         values = gguf_dequantize(self.data.numpy(), self.qtype)
         return torch.from_numpy(np.ascontiguousarray(values)).reshape(self.shape).to(dtype)
 
