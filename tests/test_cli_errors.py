@@ -85,3 +85,9 @@ def test_prompt_longer_than_context(tmp_path):
 
 def test_bad_sampling_value():
     assert_one_line_error(run_cli("generate", "hi", "--top-p", "7"), "top_p")
+
+
+def test_unknown_lm_head_format(tmp_path):
+    build_hf_model("llama", tmp_path)
+    save_tokenizer(tmp_path)
+    assert_one_line_error(run_cli("generate", "hi", "--model", str(tmp_path), "--lm-head", "q3"), "unknown --lm-head 'q3'")

@@ -21,13 +21,14 @@ def parse_bytes(text: str) -> int:
         raise RidgelineError(f"cannot read {text!r} as a size (e.g. 2GiB, 512MiB)") from None
 
 
-def engine_config(model: Path | None, *, threads: int | None = None, dtype: str = "float32",
+def engine_config(model: Path | None, *, threads: int | None = None, dtype: str = "float32", lm_head: str = "keep",
                   kv_cache_memory: str = "2GiB", kv_cache_dtype: str = "bf16", block_size: int = 16,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, prefix_caching: bool = True,
                   chunked_prefill: bool = True) -> EngineConfig:
     return EngineConfig(
         model=str(model) if model is not None else None,
         dtype=dtype,
+        lm_head=lm_head,
         threads=threads,
         kv_cache=KVCacheConfig(block_size, kv_cache_dtype, parse_bytes(kv_cache_memory)),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,

@@ -23,12 +23,13 @@ def generate_command(
     seed: int = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template as one user turn."),
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
+    lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 or q4."),
 ) -> None:
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     params.validate()
     with console.status("loading model"):
-        llm = LLM(config=engine_config(model, threads=threads))
+        llm = LLM(config=engine_config(model, threads=threads, lm_head=lm_head))
     tokens: list[int] | str = prompt
     if chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])

@@ -32,6 +32,7 @@ class EngineConfig:
     model: str | None = None  # GGUF file or HF directory; None = the bundled default model
     device: str = "cpu"
     dtype: str = "float32"  # activation dtype: float32 or bfloat16
+    lm_head: str = "keep"  # "keep" the LM head as stored, or requantise it: "q8", "q4" (model/quant/requantize.py)
     threads: int | None = None  # torch intra-op threads; None = torch's default
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -40,7 +41,7 @@ class EngineConfig:
     def model_options(self) -> ModelOptions:
         if self.dtype not in DTYPES:
             raise RidgelineError(f"unknown dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
-        return ModelOptions(device=torch.device(self.device), dtype=DTYPES[self.dtype])
+        return ModelOptions(device=torch.device(self.device), dtype=DTYPES[self.dtype], lm_head=self.lm_head)
 
 
 @dataclass
