@@ -38,8 +38,9 @@ class QuantizedLinear(nn.Module):
         self._bind(weight)
 
     def _bind(self, weight: PackedWeight) -> None:
-        # Resolve the kernel once, not per call: a decode step makes ~130 of these calls.
+        # Resolve the kernel once, not per call: a decode step makes ~80 of these calls.
         self.weight = weight
+        self._has_bias = self.bias is not None
         self._gemv = functools.partial(kernels.gemv, weight)
         module = compiled() if kernels.uses_compiled_kernels(weight) else None
         if module is not None:
@@ -74,6 +75,8 @@ class QuantizedLinear(nn.Module):
 
     def memory_bound(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] -> [M, out]: stream the quantised weight once, int8 dot products (decode; prefill where it wins)."""
+        if x.dtype is torch.float32 and not self._has_bias:  # the common case, without the no-op casts
+            return self._gemv(x)
         return self._finish(self._gemv(x.to(torch.float32)), x.dtype)
 
     def compute_bound(self, x: torch.Tensor) -> torch.Tensor:
