@@ -166,7 +166,7 @@ class LLMEngine:
         state = self._states.get(chunk.seq.request_id)
         wants_prompt_logits = (state is not None and state.prompt_logprobs is not None
                                and chunk.start < chunk.seq.num_prompt_tokens)
-        return SeqChunk(chunk.token_ids, chunk.start, [list(table) for table in chunk.block_tables],
+        return SeqChunk(chunk.token_ids, chunk.start, chunk.block_tables,
                         all_logits=wants_prompt_logits, num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     def _collect_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:

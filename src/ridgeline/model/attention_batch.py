@@ -7,6 +7,7 @@ layer group (model/kv_groups.py) it holds the block tables and the cache slots w
 It is built once per step and shared by all layers; the attention kernel reads keys straight from the pages.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -21,7 +22,7 @@ class SeqChunk:
     start: int  # position of token_ids[0] in its sequence
     # Per layer group, the page of each block of positions [0, start + len(token_ids)); a sliding-window group
     # may hold -1 for a block wholly before the window of this chunk's first token (released, never read).
-    block_tables: list[list[int]]
+    block_tables: Sequence[Sequence[int]]
     all_logits: bool = False  # logits for every token (perplexity, prompt logprobs) instead of just the last
     # Positions before this are prompt tokens, the rest were generated (None: all are prompt tokens).
     # It picks each row's matmul path (see RowPaths), so it must not depend on how the request was batched.
@@ -68,7 +69,7 @@ class AttentionBatch:
         groups = []
         for index, window in enumerate(group_windows):
             width = max(len(c.block_tables[index]) for c in chunks)
-            tables = torch.tensor([c.block_tables[index] + [-1] * (width - len(c.block_tables[index])) for c in chunks],
+            tables = torch.tensor([[*c.block_tables[index], *[-1] * (width - len(c.block_tables[index]))] for c in chunks],
                                   dtype=torch.long)
             slots = tables[row_seq, positions // block_size] * block_size + positions % block_size
             if window not in key_begins:
