@@ -5,19 +5,11 @@ from pathlib import Path
 
 import torch
 
-
-
-def find_reference_dir() -> Path:
-    """shared/ sits beside the checkout (../shared): in CI and in a developer's tree alike."""
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "reference"
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError("../shared/reference not found beside the checkout")
+REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"  # copied in: a clone tests itself
 
 
 def load_reference() -> dict:
-    return json.loads((find_reference_dir() / "llamacpp_gemma3_270m_q4km.json").read_text())
+    return json.loads((REFERENCE_DIR / "llamacpp_gemma3_270m_q4km.json").read_text())
 
 
 def teacher_forced_logits(runner, ids: list[int]) -> torch.Tensor:

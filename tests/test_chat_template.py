@@ -1,15 +1,13 @@
 """Chat templates: the built-in Gemma one, templates from the model file, and the sandbox around them."""
 
-import json
-from pathlib import Path
-
 import pytest
 from gguf import TokenType
+from reference_helpers import load_reference
 
 from ridgeline.errors import RidgelineError
 from ridgeline.model.tokenizer.spm import SpmTokenizer
 
-REFERENCE = json.loads(Path("/work/shared/reference/llamacpp_gemma3_270m_q4km.json").read_text())
+REFERENCE = load_reference()
 
 
 def _gemma_like(chat_template: str | None = None) -> SpmTokenizer:

@@ -4,7 +4,7 @@ prefill under a 64-token budget, run again with every full prompt block a prefix
 budget so small that requests get preempted and recomputed."""
 
 import pytest
-from reference_helpers import find_reference_dir
+from reference_helpers import REFERENCE_DIR
 
 from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm import LLM
@@ -22,7 +22,7 @@ BLOCK_TOKENS = 16
 def prompts() -> list[list[int]]:
     from ridgeline.model.checkpoint import read_checkpoint
 
-    text = (find_reference_dir() / "gpl-3.0.txt").read_text()
+    text = (REFERENCE_DIR / "gpl-3.0.txt").read_text()
     ids = read_checkpoint().load_tokenizer().encode(text, add_bos=False)
     lengths = [7 + 13 * i for i in range(28)] + [530, 600, 650, 700]  # four beyond the sliding window
     return [[2] + ids[97 * i: 97 * i + n] for i, n in enumerate(lengths)]

@@ -7,16 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from reference_helpers import find_reference_dir
+from reference_helpers import REFERENCE_DIR
 
 pytestmark = pytest.mark.slow
 
-LLAMA_CPP_PPL = 13.9062  # llama-perplexity -c 512 -b 512, recorded in shared/reference/README.md
+LLAMA_CPP_PPL = 13.9062  # llama-perplexity -c 512 -b 512, recorded in tests/data/reference/README.md
 
 
 def perplexity(weights: str) -> float:
     ridgeline = Path(sys.executable).parent / "ridgeline"
-    result = subprocess.run([str(ridgeline), "perplexity", str(find_reference_dir() / "gpl-3.0.txt"), "--ctx", "512",
+    result = subprocess.run([str(ridgeline), "perplexity", str(REFERENCE_DIR / "gpl-3.0.txt"), "--ctx", "512",
                              "--weights", weights], capture_output=True, text=True, timeout=900, check=True)
     assert "14 windows of 512 tokens" in result.stdout
     return float(re.search(r"PPL = ([0-9.]+)", result.stdout).group(1))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from reference_helpers import load_reference
 from tokenizers import Tokenizer as HfBackend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -13,7 +14,7 @@ from ridgeline.model.default_model import default_model_path
 from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 from ridgeline.model.tokenizer.bpe import byte_level_bpe
 
-REFERENCE = json.loads(Path("/work/shared/reference/llamacpp_gemma3_270m_q4km.json").read_text())
+REFERENCE = load_reference()
 REFERENCE_CASES = [(case["text"], case["special"], case["ids"]) for case in REFERENCE["tokenize"]] + [
     (case["prompt"], case["special"], case["prompt_ids"]) for case in REFERENCE["greedy"]
 ]
