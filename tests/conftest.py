@@ -2,8 +2,22 @@
 
 import pytest
 import torch
+from compiled_kernels import build_failed, cpu_line, kernel_paths_line
 
 torch.set_num_threads(2)
+
+
+def pytest_report_header(config):
+    return cpu_line()
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(kernel_paths_line())
+
+
+def pytest_sessionfinish(session):
+    if build_failed():  # even where no test asked through needs_compiled, a CPU that can run them must have them
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

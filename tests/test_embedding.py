@@ -1,13 +1,11 @@
 """The tied embedding reads its rows from the LM head's packed weight: one copy of the matrix in memory, the same
 values as dequantising the stored rows, and no reference left into the GGUF file's memory map."""
 
-import pytest
 import torch
+from compiled_kernels import needs_compiled
 
-from ridgeline.model.native import compiled
 
-
-@pytest.mark.skipif(compiled() is None, reason="no AVX-512 VNNI or no compiler here")
+@needs_compiled
 def test_tied_embedding_shares_the_packed_head_and_matches_the_stored_rows(default_checkpoint, default_runner):
     model = default_runner.model
     assert model.embedding.source is model.lm_head.quantized

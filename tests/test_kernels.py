@@ -10,6 +10,7 @@ averaging out over a dot product to well under 2 %.
 import numpy as np
 import pytest
 import torch
+from compiled_kernels import needs_compiled
 from gguf import GGMLQuantizationType as T
 
 from ridgeline.model.quant import kernels
@@ -22,8 +23,6 @@ K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 # several blocks; one and several scale groups.
 SHAPES = {t: [(1, 32), (37, 96), (9, 640)] for t in SIMPLE} | {t: [(1, 256), (37, 256), (9, 768)] for t in K_QUANTS}
 CASES = [(qtype, shape) for qtype, shapes in SHAPES.items() for shape in shapes]
-
-needs_compiled = pytest.mark.skipif(kernels.compiled() is None, reason="no AVX-512 VNNI or no compiler here")
 
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:

@@ -3,11 +3,10 @@ against torch."""
 
 import pytest
 import torch
+from compiled_kernels import needs_compiled
 from torch import nn
 
 from ridgeline.model.native import NO_TENSOR, compiled
-
-needs_compiled = pytest.mark.skipif(compiled() is None, reason="no AVX-512 VNNI or no compiler here")
 
 
 def rms_norm_reference(x, weight, eps):

@@ -3,12 +3,11 @@ the rest of the batch (batch invariance of the engine's outputs rests on it)."""
 
 import pytest
 import torch
+from compiled_kernels import needs_compiled
 
 from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
 from ridgeline.model.layers.attention_kernel import paged_attention, paged_attention_reference
-from ridgeline.model.native import compiled
 
-needs_compiled = pytest.mark.skipif(compiled() is None, reason="no AVX-512 VNNI or no compiler here")
 BLOCK = 4
 PAGES = 64
 

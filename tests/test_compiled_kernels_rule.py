@@ -1,0 +1,65 @@
+"""The suite's rule for the compiled kernels: skip where the CPU lacks their flags, fail where it has them and
+the build fails, and say which path was tested."""
+
+import functools
+import inspect
+
+import pytest
+import torch.utils.cpp_extension
+from compiled_kernels import build_failed, kernel_paths_line, needs_compiled
+
+from ridgeline.model import native
+
+
+def skip_condition(test) -> bool:
+    return any(mark.args[0] for mark in test.pytestmark if mark.name == "skipif")
+
+
+@pytest.fixture
+def failing_build(monkeypatch, tmp_path):
+    """A CPU with every flag and a compiler that fails, through the real compiled() (on a fresh cache)."""
+    def no_compiler(**kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(native, "_cpu_flags", lambda: set(native.REQUIRED_CPU_FLAGS))
+    monkeypatch.setattr(native, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(native, "build_error", None)
+    monkeypatch.setattr(native, "compiled", functools.cache(native.compiled.__wrapped__))
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+
+
+def test_a_failed_build_on_a_cpu_with_the_flags_fails_the_test(failing_build):
+    ran = []
+
+    @needs_compiled
+    def test():
+        ran.append(True)
+
+    assert not skip_condition(test)
+    with pytest.warns(UserWarning, match="could not be built"):
+        with pytest.raises(pytest.fail.Exception, match="Ninja is required"):
+            test()
+    assert not ran
+    assert build_failed()
+    assert "BUILD FAILED" in kernel_paths_line() and "Ninja is required" in kernel_paths_line()
+
+
+def test_a_cpu_without_the_flags_skips_and_says_so(monkeypatch):
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"fma", "f16c"})
+
+    @needs_compiled
+    def test():
+        pass
+    assert skip_condition(test)
+    assert not build_failed()
+    assert "CPU lacks avx512f" in kernel_paths_line() and "torch path was tested" in kernel_paths_line()
+
+
+def test_parametrised_tests_keep_their_parameters_and_fixtures():
+    @needs_compiled
+    @pytest.mark.parametrize("rows", [1, 3])
+    def test(rows, tmp_path):
+        pass
+
+    assert [mark.name for mark in test.pytestmark].count("parametrize") == 1
+    assert list(inspect.signature(test).parameters) == ["rows", "tmp_path"]
