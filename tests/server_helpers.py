@@ -99,18 +99,20 @@ def tiny_model_path() -> Path:
     return path
 
 
-def tiny_engine(max_num_seqs: int = 64, num_blocks: int = 256, block_size: int = 16) -> LLMEngine:
+def tiny_engine(max_num_seqs: int = 64, num_blocks: int = 256, block_size: int = 16,
+                max_model_len: int | None = None) -> LLMEngine:
     config = EngineConfig(
         model=str(tiny_model_path()),
+        max_model_len=max_model_len,
         kv_cache=KVCacheConfig(block_size=block_size, dtype="fp32", memory_bytes=num_blocks * block_size * KV_BYTES_PER_TOKEN),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024, block_size=block_size),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024),
     )
     return LLMEngine(config)
 
 
 @contextlib.contextmanager
-def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, **server_options):
+def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, max_model_len: int | None = None, **server_options):
     """A BackgroundServer (with .url) over a fresh tiny engine; server_options are ServerConfig fields."""
-    app = create_app(tiny_engine(max_num_seqs, num_blocks), ServerConfig(**server_options))
+    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len), ServerConfig(**server_options))
     with BackgroundServer(app) as server:
         yield server

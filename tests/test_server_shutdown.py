@@ -98,4 +98,4 @@ def test_past_the_drain_timeout_in_flight_requests_are_aborted_and_free_their_bl
     assert finishes.count("length") < streams  # some were cut short...
     stats = engine.stats()  # ...and the engine let go of all of them
     assert stats.num_running == stats.num_waiting == 0
-    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_free_pages == stats.num_total_pages

@@ -66,7 +66,7 @@ def test_soak_64_concurrent_streams(record_property):
     assert result["done"] == REQUESTS
     assert final["ridgeline_request_success_total:length"] == 2 * REQUESTS
     assert final.get("ridgeline_request_success_total:abort", 0) == 0
-    assert final["ridgeline_kv_cache_free_blocks"] == final["ridgeline_kv_cache_total_blocks"]
+    assert final["ridgeline_kv_cache_free_pages"] == final["ridgeline_kv_cache_total_pages"]
     assert final["ridgeline_num_requests_running"] == final["ridgeline_num_requests_waiting"] == 0
     growth_mib = (rss_after - rss_before) / 2**20
     record_property("rss_growth_mib", round(growth_mib, 1))

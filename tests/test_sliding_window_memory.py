@@ -37,7 +37,7 @@ def engine_config(model: str, num_pages: int | None = None) -> EngineConfig:
     if num_pages is not None:  # a pool of exactly num_pages pages
         cache = KVCacheConfig(BLOCK_SIZE, "fp32", num_pages * page_bytes(read_checkpoint(model).config, cache))
     return EngineConfig(model=model, kv_cache=cache,
-                        scheduler=SchedulerConfig(block_size=BLOCK_SIZE, max_num_batched_tokens=CHUNK))
+                        scheduler=SchedulerConfig(max_num_batched_tokens=CHUNK))
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +71,10 @@ def test_a_long_sequence_holds_only_the_window_in_sliding_groups(tiny_gemma3, ge
                 released = max(0, seq.num_computed_tokens - WINDOW + 1) // BLOCK_SIZE
                 assert table[:released] == [RELEASED] * released
                 most_sliding = max(most_sliding, len(pages))
-            assert engine.stats().num_total_blocks - engine.stats().num_free_blocks == len(full) + sum(map(len, sliding))
+            assert engine.stats().num_total_pages - engine.stats().num_free_pages == len(full) + sum(map(len, sliding))
     assert most_sliding == 3
     assert tokens == generous[0]
-    assert engine.stats().num_free_blocks == num_pages
+    assert engine.stats().num_free_pages == num_pages
 
 
 def test_sequences_preempted_in_a_small_pool_generate_what_they_do_in_a_generous_one(tiny_gemma3, generous):
@@ -82,7 +82,7 @@ def test_sequences_preempted_in_a_small_pool_generate_what_they_do_in_a_generous
     llm = LLM(config=engine_config(tiny_gemma3, num_pages))
     assert [out.output_token_ids for out in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == generous
     assert llm.engine.stats().num_preemptions > 0
-    assert llm.engine.stats().num_free_blocks == num_pages
+    assert llm.engine.stats().num_free_pages == num_pages
 
 
 def test_capacity_report_counts_window_limited_pages(tiny_gemma3):

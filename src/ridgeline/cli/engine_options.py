@@ -24,7 +24,7 @@ def parse_bytes(text: str) -> int:
 def engine_config(model: Path | None, *, threads: int | None = None, dtype: str = "float32", lm_head: str = "keep",
                   kv_cache_memory: str = "2GiB", kv_cache_dtype: str = "bf16", block_size: int = 16,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, prefix_caching: bool = True,
-                  chunked_prefill: bool = True) -> EngineConfig:
+                  chunked_prefill: bool = True, max_model_len: int | None = None) -> EngineConfig:
     return EngineConfig(
         model=str(model) if model is not None else None,
         dtype=dtype,
@@ -32,6 +32,6 @@ def engine_config(model: Path | None, *, threads: int | None = None, dtype: str 
         threads=threads,
         kv_cache=KVCacheConfig(block_size, kv_cache_dtype, parse_bytes(kv_cache_memory)),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                  block_size=block_size, enable_prefix_caching=prefix_caching,
-                                  enable_chunked_prefill=chunked_prefill),
+                                  enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill),
+        max_model_len=max_model_len,
     )

@@ -20,6 +20,7 @@ def serve_command(
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
     kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element type: bf16, fp16 or fp32."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
+    max_model_len: int = typer.Option(None, "--max-model-len", min=2, help="Most tokens (prompt + output) one request may reach; a request without max_tokens stops there (default: the model's context, or what the KV cache holds)."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Do not reuse KV blocks of shared prompt prefixes."),
     dtype: str = typer.Option("float32", "--dtype", help="Activation dtype: float32 or bfloat16."),
     lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) or q4 (Q4_0): fewer bytes per decoded token at some accuracy (see the README's measured trade)."),
@@ -46,6 +47,7 @@ def serve_command(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         prefix_caching=not no_prefix_caching,
+        max_model_len=max_model_len,
     )
     server_config = ServerConfig(
         host=host,

@@ -181,19 +181,6 @@ class BlockManager:
                     self._drop_reference(table[block])
         seq.block_tables = []
 
-    def reset_prefix_cache(self) -> None:
-        """Forget all cached contents (e.g. to measure a cold start); pages in use stay with their sequences."""
-        if self.prefix_cache is not None:
-            self.free_pages.extend(self.prefix_cache.forget_all())
-
-    def kv_manifest(self, seq: Sequence) -> list[list[tuple[int, bytes | None]]]:
-        """What moving seq's KV to another worker needs, group by group: each block's page (RELEASED: nothing to
-        copy) with the hash of its contents (None for a block not yet full and computed). The receiver
-        allocates its own pages and can name them by (group, hash)."""
-        num_full = seq.num_computed_tokens // self.block_size
-        hashes = self._block_hashes(seq, num_full)
-        return [[(page, hashes[i] if i < num_full else None) for i, page in enumerate(table)] for table in seq.block_tables]
-
     def _longest_prefix(self, max_blocks: int, page_of: Callable[[int, int], int | None]) -> list[list[int]]:
         """Per group, the pages of the longest run of L <= max_blocks leading blocks a sequence can resume from
         (page_of(group, block) gives a page that holds that block's KV, or None): full-attention groups need every

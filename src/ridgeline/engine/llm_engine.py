@@ -1,7 +1,10 @@
 """The engine core: a step function over the scheduler, the model runner and the sampler.
 
 `add_request`, `step`, `abort` are all the server, the offline API and (later) the disaggregated workers drive.
-One step = schedule (decodes first, then prefill chunks) -> one forward pass -> sample -> detokenise -> stop checks.
+One step = schedule (decodes first, then prefill chunks) -> run (one forward pass) -> sample -> update (the
+scheduler records what was computed and finishes what ended). Text, stop strings and `RequestOutput`s are the
+output processor's (engine/output_processor.py); what a request must satisfy to get in is admission's
+(engine/admission.py).
 """
 
 import itertools
@@ -10,19 +13,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, describe_capacity, pages_for_budget
-from ridgeline.engine.model_runner import ModelRunner
-from ridgeline.engine.outputs import EngineStats, RequestOutput, RequestTimings
-from ridgeline.engine.sampler import Sampler, TokenLogprobs, prompt_logprobs
+from ridgeline.engine.admission import Admission, AdmissionLimits, AdmittedRequest
+from ridgeline.engine.assemble import assemble_model
+from ridgeline.engine.kv_cache import KVCacheConfig, describe_capacity
+from ridgeline.engine.output_processor import OutputProcessor, Sample
+from ridgeline.engine.outputs import EngineStats, RequestOutput
+from ridgeline.engine.sampler import Sampler
 from ridgeline.engine.sampling_params import SamplingParams
-from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig
+from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
-from ridgeline.engine.stop_checker import StopChecker
-from ridgeline.errors import ContextLengthError, RidgelineError
+from ridgeline.errors import RidgelineError
 from ridgeline.model.attention_batch import SeqChunk
-from ridgeline.model.checkpoint import read_checkpoint, release_loader_memory
-from ridgeline.model.tokenizer import IncrementalDetokenizer
-from ridgeline.model.transformer import ModelOptions, Transformer
+from ridgeline.model.transformer import ModelOptions
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -34,9 +36,15 @@ class EngineConfig:
     dtype: str = "float32"  # activation dtype: float32 or bfloat16
     lm_head: str = "keep"  # "keep" the LM head as stored, or requantise it: "q8", "q4" (model/quant/requantize.py)
     threads: int | None = None  # torch intra-op threads; None = torch's default
-    kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
+    kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # owns the block (page) size
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_model_len: int | None = None  # cap on prompt + output tokens (vLLM's --max-model-len); None = the model's
     seed: int | None = None  # for unseeded sampled requests
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise RidgelineError(f"max_model_len must be at least 2 (a prompt token and one to generate), "
+                                 f"got {self.max_model_len}")
 
     def model_options(self) -> ModelOptions:
         if self.dtype not in DTYPES:
@@ -44,76 +52,58 @@ class EngineConfig:
         return ModelOptions(device=torch.device(self.device), dtype=DTYPES[self.dtype], lm_head=self.lm_head)
 
 
-@dataclass
-class _RequestState:
-    """Per-request text state the scheduler does not know about."""
-
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    stop: StopChecker
-    logprobs: list[TokenLogprobs] | None
-    prompt_logprobs: list[TokenLogprobs] | None
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         if config.threads:
             torch.set_num_threads(config.threads)
         self.config = config
-        checkpoint = read_checkpoint(config.model)
-        self.model_name = checkpoint.name
-        self.model_config = checkpoint.config
-        self.tokenizer = checkpoint.load_tokenizer()
-        model = Transformer(checkpoint, config.model_options())
-        del checkpoint
-        release_loader_memory()
-        cache_config = KVCacheConfig(config.scheduler.block_size, config.kv_cache.dtype, config.kv_cache.memory_bytes)
-        self.num_pages = pages_for_budget(self.model_config, cache_config)
-        kv_cache = KVCache(self.model_config, cache_config, self.num_pages, model.options.device)
-        self.runner = ModelRunner(model, kv_cache)
-        self.capacity_report = describe_capacity(self.model_config, cache_config, self.num_pages,
+        assembled = assemble_model(config.model, config.model_options(), config.kv_cache, tokenizer=True)
+        self.model_name, self.model_config, self.tokenizer = assembled.name, assembled.config, assembled.tokenizer
+        self.runner = assembled.runner
+        self.num_pages = assembled.kv_cache.num_pages
+        self.capacity_report = describe_capacity(self.model_config, config.kv_cache, self.num_pages,
                                                  config.scheduler.max_num_batched_tokens)
-        self.scheduler = Scheduler(config.scheduler, self.num_pages, self.model_config.max_context,
-                                   self.tokenizer.eos_ids, windows=[group.window for group in kv_cache.groups])
+        context = self.model_config.max_context
+        if config.max_model_len is not None:
+            if config.max_model_len > context:
+                raise RidgelineError(f"--max-model-len {config.max_model_len} exceeds the model's context of "
+                                     f"{context} tokens")
+            context = config.max_model_len
+        self.scheduler = Scheduler(config.scheduler, self.num_pages, context, self.tokenizer.eos_ids,
+                                   windows=[group.window for group in assembled.kv_cache.groups],
+                                   block_size=config.kv_cache.block_size)
+        self.admission = Admission(
+            AdmissionLimits(self.model_config.vocab_size, self.scheduler.max_seq_len,
+                            config.scheduler.max_num_batched_tokens, config.scheduler.enable_chunked_prefill),
+            self.tokenizer)
         self.sampler = Sampler(config.seed)
-        self._states: dict[str, _RequestState] = {}
+        self.output_processor = OutputProcessor(self.tokenizer)
         self._aborted: list[RequestOutput] = []
 
     # ---- requests -------------------------------------------------------------------------------------------
-    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise RidgelineError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise RidgelineError(f"prompt token ids must lie in [0, {vocab})")
-        return ids
-
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        params.validate(self.model_config.vocab_size)
-        ids = self.tokenize_prompt(prompt)
-        limit = self.scheduler.max_seq_len
-        wanted = len(ids) + (params.max_tokens or 0)
-        if len(ids) >= limit or (params.max_tokens is not None and wanted > limit):
-            raise ContextLengthError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} exceeds the "
-                                     f"context of {limit} tokens")
-        seq = Sequence(request_id, ids, params, time.monotonic() if arrival_time is None else arrival_time)
-        self.scheduler.add_request(seq)
-        self._states[request_id] = _RequestState(
-            seq, IncrementalDetokenizer(self.tokenizer), StopChecker(params.stop, params.include_stop_str_in_output),
-            [] if params.logprobs is not None else None, [] if params.prompt_logprobs is not None else None)
+                    arrival_time: float | None = None, fork_of: str | None = None) -> None:
+        """Admit and queue a request (raises RidgelineError naming the field at fault). `fork_of`: another
+        request with the same prompt (the n samples of one prompt) whose prefilled pages this one shares."""
+        self.add_admitted(request_id, self.admission.admit(prompt, params), arrival_time, fork_of)
+
+    def add_admitted(self, request_id: str, request: AdmittedRequest, arrival_time: float | None = None,
+                     fork_of: str | None = None) -> None:
+        """Queue a request that already passed `self.admission` (the server admits on its own thread)."""
+        seq = Sequence(request_id, list(request.prompt_token_ids), request.params,
+                       time.monotonic() if arrival_time is None else arrival_time)
+        self.scheduler.add_request(seq, fork_of=fork_of)
+        self.output_processor.add(seq)
 
     def abort(self, request_id: str) -> None:
-        """Stop a request now; its KV blocks are free when this returns. Its final output comes from the next step."""
-        state = self._states.pop(request_id, None)
-        if state is None:
-            return
+        """Stop a request now; its KV pages are free when this returns. Its final output comes from the next step."""
         self.scheduler.abort(request_id)
-        self._aborted.append(self._output(state, [], state.stop.flush()))
+        output = self.output_processor.abort(request_id)
+        if output is not None:
+            self._aborted.append(output)
 
     def has_unfinished(self) -> bool:
-        return bool(self._states) or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted)
 
     # ---- the step -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -121,95 +111,50 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return outputs
-        logits, counts = self.runner.forward([self._seq_chunk(chunk) for chunk in plan.chunks])
-        ends = list(itertools.accumulate(counts))
-        for chunk, end, count in zip(plan.chunks, ends, counts):
-            self._collect_prompt_logprobs(chunk, logits[end - count:end])
-        sampling = [(chunk, end - 1) for chunk, end in zip(plan.chunks, ends) if chunk.samples]
-        token_ids: list[int] = []
-        sampled_logprobs: list[TokenLogprobs | None] = []
-        if sampling:
-            seqs = [chunk.seq for chunk, _ in sampling]
-            rows = [row for _, row in sampling]
-            # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
-            sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
-            result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
-                                  [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
-            token_ids, sampled_logprobs = result.token_ids, result.logprobs
-        finished = {seq.request_id for seq in self.scheduler.update(plan, token_ids)}
+        logits, last_rows = self._run(plan)
+        samples = self._sample(plan, logits, last_rows)
+        updates = self.output_processor.detokenize(samples)
+        stop_string_hits = {request_id for request_id, update in updates.items() if update.stopped}
+        finished = self.scheduler.update(plan, [sample.token_id for sample in samples], stop_string_hits)
+        return outputs + self.output_processor.outputs(samples, updates, finished)
 
-        for (chunk, _), token_id, logprob in zip(sampling, token_ids, sampled_logprobs):
-            seq = chunk.seq
-            state = self._states.get(seq.request_id)
-            if state is None:  # aborted between schedule and update
-                continue
-            if state.logprobs is not None and logprob is not None:
-                state.logprobs.append(logprob)
-            update = state.stop.append(state.detokenizer.push(token_id))
-            new_text = update.text
-            if update.stopped:
-                self.scheduler.finish_request(seq.request_id, "stop")
-                seq.finish_reason = "stop"  # a stop string wins over a length limit reached at the same token
-            elif seq.is_finished:  # EOS or length: release what the detokenizer and stop checker still hold
-                new_text += state.stop.append(state.detokenizer.flush()).text + state.stop.flush()
-            if seq.is_finished:
-                finished.add(seq.request_id)
-                del self._states[seq.request_id]
-            outputs.append(self._output(state, [token_id], new_text))
-        for request_id in finished - {chunk.seq.request_id for chunk, _ in sampling}:
-            state = self._states.pop(request_id, None)  # finished without sampling (max_tokens=0)
-            if state is not None:
-                outputs.append(self._output(state, [], ""))
-        return outputs
+    def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
+        """One forward pass over the plan's chunks: a logits row per chunk, or per token of chunks that score
+        their prompt (prompt logprobs, collected here). Also returns each chunk's last row."""
+        logits, counts = self.runner.forward([self._seq_chunk(chunk) for chunk in plan.chunks])
+        for chunk, end, count in zip(plan.chunks, itertools.accumulate(counts), counts):
+            self.output_processor.collect_prompt_logprobs(chunk, logits[end - count:end])
+        return logits, [end - 1 for end in itertools.accumulate(counts)]
+
+    def _sample(self, plan: SchedulerOutput, logits: torch.Tensor, last_rows: list[int]) -> list[Sample]:
+        """One token for every chunk that ends at its sequence's last token, from that chunk's last logits row."""
+        sampling = [(chunk, row) for chunk, row in zip(plan.chunks, last_rows) if chunk.samples]
+        if not sampling:
+            return []
+        seqs = [chunk.seq for chunk, _ in sampling]
+        rows = [row for _, row in sampling]
+        # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
+        sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
+        result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
+                              [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
+        return [Sample(seq, token_id, logprobs) for seq, token_id, logprobs in zip(seqs, result.token_ids, result.logprobs)]
 
     def _seq_chunk(self, chunk: ScheduledChunk) -> SeqChunk:
-        state = self._states.get(chunk.seq.request_id)
-        wants_prompt_logits = (state is not None and state.prompt_logprobs is not None
-                               and chunk.start < chunk.seq.num_prompt_tokens)
         return SeqChunk(chunk.token_ids, chunk.start, chunk.block_tables,
-                        all_logits=wants_prompt_logits, num_prompt_tokens=chunk.seq.num_prompt_tokens)
-
-    def _collect_prompt_logprobs(self, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
-        """Logits at position p score prompt token p+1; gathered chunk by chunk, once (not again after preemption)."""
-        state = self._states.get(chunk.seq.request_id)
-        if state is None or state.prompt_logprobs is None:
-            return
-        seq = chunk.seq
-        begin = len(state.prompt_logprobs)  # position whose logits score the next unscored prompt token
-        end = min(chunk.start + chunk.num_tokens, seq.num_prompt_tokens - 1)
-        if chunk.start <= begin < end:
-            rows = logits[begin - chunk.start:end - chunk.start]
-            state.prompt_logprobs.extend(prompt_logprobs(rows, seq.prompt_token_ids[begin + 1:end + 1],
-                                                         seq.sampling_params.prompt_logprobs))
-
-    def _output(self, state: _RequestState, new_token_ids: list[int], new_text: str) -> RequestOutput:
-        seq = state.seq
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            output_token_ids=list(seq.output_token_ids),
-            new_token_ids=new_token_ids,
-            text=state.stop.output_text,
-            new_text=new_text,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            logprobs=list(state.logprobs) if state.logprobs is not None else None,
-            prompt_logprobs=list(state.prompt_logprobs) if state.prompt_logprobs is not None else None,
-            num_cached_tokens=seq.num_cached_tokens,
-            timings=RequestTimings(seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
-                                   seq.finish_time, list(seq.token_times)),
-        )
+                        all_logits=self.output_processor.wants_prompt_logits(chunk),
+                        num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     # ---- reporting ------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
-        blocks = self.scheduler.block_manager
-        cache = blocks.prefix_cache
+        pages = self.scheduler.block_manager
+        cache = pages.prefix_cache
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
-            num_free_blocks=blocks.num_free_pages,
-            num_total_blocks=blocks.num_pages,
+            num_free_pages=pages.num_free_pages,
+            num_total_pages=pages.num_pages,
             prefix_cache_queries=cache.num_query_tokens if cache else 0,
             prefix_cache_hits=cache.num_hit_tokens if cache else 0,
             num_preemptions=self.scheduler.num_preemptions,
+            num_prefilled_tokens=self.scheduler.num_prefilled_tokens,
         )

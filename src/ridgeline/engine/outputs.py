@@ -52,15 +52,16 @@ class EngineStats:
     num_running: int
     num_waiting: int
     # KV pages (a page = one block of tokens for one layer group's layers); evictable cached pages count as free
-    num_free_blocks: int
-    num_total_blocks: int
+    num_free_pages: int
+    num_total_pages: int
     prefix_cache_queries: int  # prompt tokens looked up
     prefix_cache_hits: int  # of which found cached
     num_preemptions: int
+    num_prefilled_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits and forks skip theirs)
 
     @property
     def kv_cache_usage(self) -> float:
-        return 1 - self.num_free_blocks / self.num_total_blocks
+        return 1 - self.num_free_pages / self.num_total_pages
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -63,9 +63,6 @@ class PrefixCache:
         """A hit took an evictable page back into use."""
         del self._evictable[page]
 
-    def is_evictable(self, page: int) -> bool:
-        return page in self._evictable
-
     @property
     def num_evictable(self) -> int:
         return len(self._evictable)
@@ -75,14 +72,6 @@ class PrefixCache:
         page, _ = self._evictable.popitem(last=False)
         del self._page_by_name[self._name_by_page.pop(page)]
         return page
-
-    def forget_all(self) -> list[int]:
-        """Drop every name (no later hits); return the evictable pages, which are now plain free pages."""
-        evicted = list(self._evictable)
-        self._evictable.clear()
-        self._page_by_name.clear()
-        self._name_by_page.clear()
-        return evicted
 
     def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         self.num_query_tokens += num_query_tokens

@@ -1,6 +1,6 @@
 """Batched sampling: each row of logits with its own SamplingParams.
 
-Order per row (vLLM's): repetition, frequency and presence penalties, then greedy argmax, or
+Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, then greedy argmax, or
 temperature -> top-k -> top-p -> min-p -> one inverse-CDF draw. Log-probabilities are of the raw
 model distribution (vLLM's default), not of the processed one.
 
@@ -67,7 +67,7 @@ class Sampler:
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} params, "
                              f"{len(prompt_token_ids)} prompts and {len(output_token_ids)} outputs")
         raw = logits.float()
-        if all(p.is_greedy and not p.has_penalties for p in params):
+        if all(p.is_greedy and not p.changes_logits for p in params):
             ids = raw.argmax(dim=-1).tolist()  # the hot path: nothing to copy
         else:
             ids = [0] * len(params)
@@ -105,6 +105,8 @@ class Sampler:
         ordered_params = [params[i] for i in order]
         if any(p.has_penalties for p in ordered_params):
             apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
+        if any(p.logit_bias for p in ordered_params):
+            apply_logit_bias(work, ordered_params)
 
         token_ids = torch.empty(len(order), dtype=torch.long, device=raw.device)
         if len(sampled) < len(order):
@@ -159,6 +161,17 @@ def apply_penalties(
         presence = torch.tensor([params[i].presence_penalty for i in additive_rows], device=device)[owners]
         flat.index_put_((keys,), -frequency, accumulate=True)  # once per occurrence
         flat[keys] = flat[keys] - presence  # once per distinct token: duplicates write the same value
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """In place on contiguous float32 logits [B, vocab]: add each row's bias to the tokens it names (OpenAI's
+    logit_bias; the logprobs reported stay those of the raw model, as for penalties)."""
+    vocab = logits.shape[-1]
+    keys = [row * vocab + token for row, p in enumerate(params) for token in p.logit_bias]
+    if keys:
+        biases = [bias for p in params for bias in p.logit_bias.values()]
+        logits.view(-1).index_add_(0, _index(keys, logits.device), torch.tensor(biases, device=logits.device))
     return logits
 
 

@@ -4,7 +4,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ridgeline.errors import RidgelineError
+from ridgeline.errors import InvalidParameterError
 
 # Below this a temperature is treated as greedy: dividing by it would overflow the logits.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -15,6 +15,8 @@ PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range for presence/frequency penalties
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's range: -100 bans a token, +100 all but forces it
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass
@@ -35,6 +37,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs of each generated token (0 = the sampled token's only)
     prompt_logprobs: int | None = None  # top-n logprobs of each prompt token
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
 
     def __post_init__(self) -> None:
         # OpenAI accepts a single stop string; iterating it as a list would stop on every character.
@@ -49,11 +52,17 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    @property
+    def changes_logits(self) -> bool:
+        """Penalties or biases: the logits must be copied and edited before the token is chosen."""
+        return self.has_penalties or bool(self.logit_bias)
+
     def child(self, index: int) -> "SamplingParams":
         """Params for the index-th of the n sequences of one request: n=1, and a distinct seed so seeded
         siblings do not all draw the same tokens (vLLM offsets the seed by the index the same way)."""
         seed = None if self.seed is None else self.seed + index
-        return dataclasses.replace(self, n=1, seed=seed, stop=list(self.stop), stop_token_ids=list(self.stop_token_ids))
+        return dataclasses.replace(self, n=1, seed=seed, stop=list(self.stop), stop_token_ids=list(self.stop_token_ids),
+                                   logit_bias=dict(self.logit_bias))
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise RidgelineError naming the first field whose value is out of range."""
@@ -79,6 +88,7 @@ class SamplingParams:
             _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         self._validate_stop()
         self._validate_stop_token_ids(vocab_size)
+        self._validate_logit_bias(vocab_size)
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be a boolean")
@@ -104,8 +114,19 @@ class SamplingParams:
             _check_int("stop_token_ids", token_id, 0, upper)
 
 
+    def _validate_logit_bias(self, vocab_size: int | None) -> None:
+        if not isinstance(self.logit_bias, dict):
+            _fail("logit_bias", self.logit_bias, "must map token ids to biases")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            _fail("logit_bias", f"{len(self.logit_bias)} entries", f"allows at most {MAX_LOGIT_BIAS} entries")
+        upper = None if vocab_size is None else vocab_size - 1
+        for token_id, bias in self.logit_bias.items():
+            _check_int("logit_bias", token_id, 0, upper)
+            _check_float("logit_bias", bias, *LOGIT_BIAS_RANGE)
+
+
 def _fail(name: str, value: object, problem: str) -> None:
-    raise RidgelineError(f"invalid sampling parameter {name}={value!r}: {problem}")
+    raise InvalidParameterError(f"invalid sampling parameter {name}={value!r}: {problem}", param=name)
 
 
 def _range_text(low: float | None, high: float | None) -> str:

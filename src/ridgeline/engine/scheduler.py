@@ -13,24 +13,23 @@ No model code here: the caller turns a SchedulerOutput into a forward pass, or a
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from ridgeline.engine.block_manager import BlockManager, longest_fitting_sequence
 from ridgeline.engine.sequence import Sequence, SequenceStatus
-from ridgeline.errors import ContextLengthError, RidgelineError
+from ridgeline.errors import RidgelineError
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens computed per step, decodes and prefill chunks together
     max_num_seqs: int = 256  # running sequences at once (decodes beyond the token budget wait a step)
-    block_size: int = 16  # tokens per KV block (and per page)
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True  # off: a prompt is prefilled whole in one step or waits
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise RidgelineError(f"{name} must be at least 1, got {getattr(self, name)}")
 
@@ -48,10 +47,6 @@ class ScheduledChunk:
     @property
     def token_ids(self) -> list[int]:
         return self.seq.token_ids[self.start : self.start + self.num_tokens]
-
-    @property
-    def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.samples
 
 
 @dataclass(frozen=True)
@@ -78,19 +73,24 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,  # a simulator passes its own clock
         windows: Iterable[int | None] = (None,),  # attention window of each layer group (None = full attention)
+        block_size: int = 16,  # tokens per KV block: the KV cache's page size (KVCacheConfig.block_size)
     ) -> None:
         self.config = config
-        self.block_manager = BlockManager(num_pages, config.block_size, windows, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_pages, block_size, windows, config.enable_prefix_caching)
         # The model's context, or less if a sequence that long, computed alone in chunks up to the token budget,
         # would at some point need more pages than the pool has (then it could never finish).
         self.max_seq_len = longest_fitting_sequence(num_pages, config.max_num_batched_tokens, self.block_manager.windows,
-                                                    config.block_size, max_model_len)
+                                                    block_size, max_model_len)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self._requests: dict[str, Sequence] = {}
+        # Forks waiting for their parent's prompt to be computed: parent id -> children, child id -> parent id.
+        self._pending_forks: dict[str, list[Sequence]] = {}
+        self._fork_parent: dict[str, str] = {}
         self.num_preemptions = 0
+        self.num_prefilled_tokens = 0  # prompt tokens computed (not found in the prefix cache or shared by a fork)
 
     @property
     def num_running(self) -> int:
@@ -98,29 +98,44 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self._fork_parent)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
-    def add_request(self, seq: Sequence) -> None:
-        self._check_fits(seq)
-        self.waiting.append(seq)
+    def add_request(self, seq: Sequence, fork_of: str | None = None) -> None:
+        """Queue seq (checked by engine/admission.py beforehand). With `fork_of`, seq starts with the prompt of that
+        request (the n samples of one prompt): it waits until the parent's prompt is computed and then shares
+        the parent's pages of full prompt blocks, so the prompt is prefilled once, not n times."""
+        if seq.request_id in self._requests:
+            raise RidgelineError(f"request id {seq.request_id!r} is already in use")
         self._requests[seq.request_id] = seq
+        parent = self._requests.get(fork_of) if fork_of is not None else None
+        if parent is None:
+            self.waiting.append(seq)
+        elif parent.status is SequenceStatus.RUNNING and parent.num_computed_tokens >= parent.num_prompt_tokens:
+            self._fork(parent, seq)
+        else:
+            self._pending_forks.setdefault(parent.request_id, []).append(seq)
+            self._fork_parent[seq.request_id] = parent.request_id
 
-    def fork(self, parent_request_id: str, child: Sequence) -> None:
-        """Add child, sharing the parent's pages of computed full blocks that hold the child's leading tokens (e.g.
-        the n samples of one prompt, forked once the prompt is prefilled). With no room to run now, the child
-        simply queues like a new request (and, with prefix caching, still finds those pages)."""
-        parent = self._requests.get(parent_request_id)
-        if parent is None or parent.status is not SequenceStatus.RUNNING or len(self.running) >= self.config.max_num_seqs:
-            self.add_request(child)
+    def _fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run child now on the parent's computed full blocks that hold the child's leading tokens. With no room
+        to run now, the child queues like a new request (and, with prefix caching, still finds those pages)."""
+        if len(self.running) >= self.config.max_num_seqs:
+            self.waiting.append(child)
             return
-        self._check_fits(child)
         child.num_computed_tokens = child.num_cached_tokens = self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
-        self._requests[child.request_id] = child
+
+    def _release_forks(self, parent: Sequence) -> None:
+        for child in self._pending_forks.pop(parent.request_id, []):
+            del self._fork_parent[child.request_id]
+            if parent.status is SequenceStatus.RUNNING:
+                self._fork(parent, child)
+            else:  # the parent finished or was aborted before its prompt was computed: start on its own
+                self.waiting.append(child)
 
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
@@ -156,7 +171,7 @@ class Scheduler:
             # Prompt logprobs need logits at every prompt position, so such a request computes its whole prompt.
             wants_prompt_logits = seq.sampling_params.prompt_logprobs is not None
             cached = None if wants_prompt_logits else self.block_manager.find_cached_prefix(seq)
-            num_cached = len(cached[0]) * self.config.block_size if cached else 0
+            num_cached = len(cached[0]) * self.block_manager.block_size if cached else 0
             num_tokens = self._chunk_size(seq.num_tokens - num_cached, budget)
             if num_tokens == 0 or not self.block_manager.allocate(seq, num_tokens, cached):
                 break  # first come, first served: nobody overtakes the head of the queue
@@ -173,10 +188,12 @@ class Scheduler:
 
         return SchedulerOutput(chunks=list(scheduled.values()), preempted=preempted)
 
-    def update(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int],
+               stop_string_hits: Collection[str] = ()) -> list[Sequence]:
         """Record that output's chunks were computed and append one sampled token per sampling chunk (in
-        output.sampling_chunks order). Returns the sequences that finished. Sequences aborted or finished since
-        schedule() are skipped."""
+        output.sampling_chunks order). `stop_string_hits` names the requests whose new token completed a stop
+        string (found in the detokenised text by the output processor): they finish with reason "stop". Returns
+        the sequences that finished. Sequences aborted or finished since schedule() are skipped."""
         if len(sampled_token_ids) != len(output.sampling_chunks):
             raise ValueError(f"expected {len(output.sampling_chunks)} sampled tokens, got {len(sampled_token_ids)}")
         now = self.clock()
@@ -188,15 +205,18 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             end = chunk.start + chunk.num_tokens
+            self.num_prefilled_tokens += max(0, min(end, seq.num_prompt_tokens) - chunk.start)
             # Pages filled by this pass become hits for later requests (not earlier: their KV was not written).
             self.block_manager.mark_computed(seq, end)
+            if end >= seq.num_prompt_tokens and seq.request_id in self._pending_forks:
+                self._release_forks(seq)  # before seq can finish below and free the pages its forks share
             if token_id is None:
                 if end == seq.num_tokens:  # max_tokens=0: the prompt was only scored
                     self._finish(seq, "length")
                     finished.append(seq)
                 continue
             seq.append_token(token_id, now)
-            reason = self._stop_reason(seq, token_id)
+            reason = "stop" if seq.request_id in stop_string_hits else self._stop_reason(seq, token_id)
             if reason is not None:
                 self._finish(seq, reason)
                 finished.append(seq)
@@ -212,20 +232,6 @@ class Scheduler:
 
     def abort(self, request_id: str) -> Sequence | None:
         return self.finish_request(request_id, "abort")
-
-    def _check_fits(self, seq: Sequence) -> None:
-        if seq.request_id in self._requests:
-            raise RidgelineError(f"request id {seq.request_id!r} is already in use")
-        if seq.num_tokens >= self.max_seq_len:
-            raise ContextLengthError(
-                f"request {seq.request_id!r} has {seq.num_tokens} tokens, leaving no room to generate within "
-                f"{self.max_seq_len} (the model's context or the KV cache, whichever is smaller)"
-            )
-        if not self.config.enable_chunked_prefill and seq.num_tokens > self.config.max_num_batched_tokens:
-            raise RidgelineError(
-                f"request {seq.request_id!r} has {seq.num_tokens} prompt tokens, more than max_num_batched_tokens "
-                f"({self.config.max_num_batched_tokens}); enable chunked prefill or raise the budget"
-            )
 
     def _chunk_size(self, num_uncomputed: int, budget: int) -> int:
         if num_uncomputed <= budget:
@@ -263,6 +269,8 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.request_id in self._fork_parent:
+            self._pending_forks[self._fork_parent.pop(seq.request_id)].remove(seq)
         else:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
@@ -270,3 +278,5 @@ class Scheduler:
         seq.finish_reason = reason
         seq.finish_time = self.clock()
         del self._requests[seq.request_id]
+        if seq.request_id in self._pending_forks:
+            self._release_forks(seq)

@@ -44,8 +44,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     ctx = ServingContext(
         engine=driver,
         tokenizer=engine.tokenizer,
+        admission=engine.admission,
         model_name=model_name,
-        max_model_len=engine.scheduler.max_seq_len,
         log_prompts=config.log_prompts,
     )
 

@@ -2,27 +2,19 @@
 step's outputs are handed to the waiting HTTP handlers through per-request asyncio queues, so a token
 reaches its client as soon as the step that produced it ends.
 
-The engine is not thread-safe, so the event loop never touches it: adds and aborts are queued as commands
-that the engine thread applies between steps.
+The engine is not thread-safe, so the event loop never touches it: adds and aborts are queued as typed messages
+(engine/messages.py) that the engine thread applies between steps. Requests arrive already admitted: the handler
+ran the engine's admission check (pure, thread-safe) and answered a bad request with a 400 before queueing it.
 """
 
 import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.messages import AbortRequest, AddRequest, EngineMessage
 from ridgeline.errors import RidgelineError
 from ridgeline.server.errors import APIError
 from ridgeline.server.metrics import ServerMetrics
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
 
 
 class EngineDeadError(RuntimeError):
@@ -65,7 +57,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self._routes: dict[str, tuple[Submission, int]] = {}  # request id -> its submission and choice index
         self._submissions: set[Submission] = set()
-        self._commands: list[tuple] = []
+        self._inbox: list[EngineMessage] = []
         self._wake = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -82,7 +74,7 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return self.error is None and self._thread is not None and self._thread.is_alive()
 
-    def submit(self, requests: list[EngineRequest]) -> Submission:
+    def submit(self, requests: list[AddRequest]) -> Submission:
         """Queue all choices of one HTTP request, or none: 503 when shutting down, dead, or over capacity."""
         if not self.accepting:
             raise APIError(503, "server is shutting down", code="shutting_down")
@@ -96,11 +88,10 @@ class AsyncEngine:
                 headers={"Retry-After": "1"},
             )
         submission = Submission(self, [r.request_id for r in requests])
-        arrival = time.monotonic()
         for index, request in enumerate(requests):
             self._routes[request.request_id] = (submission, index)
         self._submissions.add(submission)
-        self._send([("add", request, arrival) for request in requests])
+        self._send(requests)
         return submission
 
     def _release(self, submission: Submission, aborting: list[str]) -> None:
@@ -108,7 +99,7 @@ class AsyncEngine:
             self._routes.pop(request_id, None)
         self._submissions.discard(submission)
         if aborting:
-            self._send([("abort", request_id) for request_id in aborting])
+            self._send([AbortRequest(request_id) for request_id in aborting])
 
     async def shutdown(self, drain_timeout: float) -> None:
         """Stop accepting, let in-flight requests finish for up to drain_timeout seconds, abort the rest, stop."""
@@ -125,9 +116,9 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
-    def _send(self, commands: list[tuple]) -> None:
+    def _send(self, messages: list[EngineMessage]) -> None:
         with self._wake:
-            self._commands.extend(commands)
+            self._inbox.extend(messages)
             self._wake.notify()
 
     def _deliver(self, outputs: list) -> None:
@@ -152,12 +143,12 @@ class AsyncEngine:
         try:
             while True:
                 with self._wake:
-                    while not self._commands and not self._stop and not self.engine.has_unfinished():
+                    while not self._inbox and not self._stop and not self.engine.has_unfinished():
                         self._wake.wait()
-                    commands, self._commands = self._commands, []
+                    messages, self._inbox = self._inbox, []
                     stopping = self._stop
-                for command in commands:
-                    self._apply(command)
+                for message in messages:
+                    self._apply(message)
                 if stopping:  # after the shutdown's aborts, so their blocks are back in the pool
                     return
                 outputs = self.engine.step() if self.engine.has_unfinished() else []
@@ -172,12 +163,11 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"engine failed: {error!r}"))
             raise
 
-    def _apply(self, command: tuple) -> None:
-        if command[0] == "add":
-            _, request, arrival = command
+    def _apply(self, message: EngineMessage) -> None:
+        if isinstance(message, AddRequest):
             try:
-                self.engine.add_request(request.request_id, request.prompt, request.params, arrival_time=arrival)
+                self.engine.add_admitted(message.request_id, message.request, message.arrival_time, message.fork_of)
             except RidgelineError as error:  # the request is at fault, not the engine: fail it alone
-                self._loop.call_soon_threadsafe(self._reject, request.request_id, error)
+                self._loop.call_soon_threadsafe(self._reject, message.request_id, error)
         else:
-            self.engine.abort(command[1])  # frees its blocks now; its "abort" output comes from the next step
+            self.engine.abort(message.request_id)  # frees its pages now; its "abort" output comes from the next step

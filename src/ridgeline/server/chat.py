@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ridgeline.server.async_engine import EngineRequest
 from ridgeline.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -20,7 +19,7 @@ from ridgeline.server.protocol import (
     TopLogprob,
     Usage,
 )
-from ridgeline.server.sampling import sampling_params
+from ridgeline.server.sampling import admit, choice_requests, sampling_params
 from ridgeline.server.serving import (
     SSE_DONE,
     ServingContext,
@@ -44,15 +43,10 @@ class ChatJob:
         self.prompt_ids = ctx.chat_prompt_ids(self.messages, request.add_generation_prompt)
         max_tokens_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = sampling_params(
-            request,
-            max_tokens=ctx.fit_max_tokens(len(self.prompt_ids), request.max_new_tokens(), max_tokens_param),
-            logprobs=top_logprobs,
-            prompt_logprobs=None,
-            vocab_size=ctx.tokenizer.vocab_size,
-            field_names={"logprobs": "top_logprobs", "max_tokens": max_tokens_param},
-        )
-        self.engine_requests = [EngineRequest(f"{self.id}-{i}", self.prompt_ids, params.child(i)) for i in range(request.n)]
+        params = sampling_params(request, max_tokens=request.max_new_tokens(), logprobs=top_logprobs, prompt_logprobs=None)
+        admitted = admit(ctx.admission, self.prompt_ids, params,
+                         {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": max_tokens_param})
+        self.engine_requests = choice_requests(self.id, admitted, request.n)
         self.last: list = [None] * request.n
 
     def usage(self) -> Usage:

@@ -7,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ridgeline.model.tokenizer.detokenizer import IncrementalDetokenizer
-from ridgeline.server.async_engine import EngineRequest
+from ridgeline.engine.messages import AddRequest
 from ridgeline.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -15,7 +15,7 @@ from ridgeline.server.protocol import (
     CompletionResponse,
     Usage,
 )
-from ridgeline.server.sampling import sampling_params
+from ridgeline.server.sampling import admit, choice_requests, sampling_params
 from ridgeline.server.serving import (
     SSE_DONE,
     ServingContext,
@@ -76,18 +76,12 @@ class CompletionJob:
         self.prompts = request.prompts()
         self.prompt_ids = [ctx.prompt_ids(p, "prompt") for p in self.prompts]
         want_prompt_logprobs = request.echo and request.logprobs is not None
-        self.engine_requests: list[EngineRequest] = []
+        params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
+                                 prompt_logprobs=request.logprobs if want_prompt_logprobs else None)
+        self.engine_requests: list[AddRequest] = []
         for prompt_index, ids in enumerate(self.prompt_ids):
-            params = sampling_params(
-                request,
-                max_tokens=ctx.fit_max_tokens(len(ids), request.max_tokens, "max_tokens"),
-                logprobs=request.logprobs,
-                prompt_logprobs=request.logprobs if want_prompt_logprobs else None,
-                vocab_size=ctx.tokenizer.vocab_size,
-                field_names={"prompt_logprobs": "logprobs"},
-            )
-            for choice in range(request.n):
-                self.engine_requests.append(EngineRequest(f"{self.id}-{prompt_index}-{choice}", ids, params.child(choice)))
+            admitted = admit(ctx.admission, ids, params, {"prompt_logprobs": "logprobs"})
+            self.engine_requests += choice_requests(f"{self.id}-{prompt_index}", admitted, request.n)
         self.last: list = [None] * len(self.engine_requests)  # latest output of each choice
 
     def prompt_of(self, index: int) -> tuple[str | list[int], list[int]]:

@@ -45,6 +45,12 @@ class APIError(Exception):
         self.headers = headers
 
 
+def api_error(error: RidgelineError, field_names: dict[str, str] | None = None) -> APIError:
+    """A user error from the engine as a 400, its field renamed to the request's where the names differ."""
+    param = (field_names or {}).get(error.param, error.param)
+    return APIError(400, str(error), param, error.code)
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     error_type = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
@@ -82,7 +88,7 @@ async def _on_api_error(_: Request, exc: APIError) -> JSONResponse:
 
 
 async def _on_user_error(_: Request, exc: RidgelineError) -> JSONResponse:
-    return error_response(400, str(exc))
+    return error_response(400, str(exc), exc.param, exc.code)
 
 
 async def _on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -39,10 +39,11 @@ class ServerMetrics:
         self.num_waiting = gauge("ridgeline_num_requests_waiting", "Sequences waiting for admission (incl. preempted).")
         # Counted in pages: one block of tokens for one layer group's layers (all groups draw on one pool).
         self.kv_cache_usage = gauge("ridgeline_kv_cache_usage_perc", "Fraction of KV-cache pages in use (0..1).")
-        self.num_free_blocks = gauge("ridgeline_kv_cache_free_blocks", "KV-cache pages free for allocation.")
-        self.num_total_blocks = gauge("ridgeline_kv_cache_total_blocks", "KV-cache pages in the pool.")
+        self.num_free_pages = gauge("ridgeline_kv_cache_free_pages", "KV-cache pages free for allocation.")
+        self.num_total_pages = gauge("ridgeline_kv_cache_total_pages", "KV-cache pages in the pool.")
         self.prefix_cache_hit_rate = gauge("ridgeline_prefix_cache_hit_rate", "Prefix-cache hits / queries so far (0..1).")
         self.num_preemptions = gauge("ridgeline_num_preemptions", "Preemptions so far.")
+        self.num_prefilled_tokens = gauge("ridgeline_prefilled_tokens", "Prompt tokens computed so far (prefix-cache hits and the shared prompt of n > 1 skip theirs).")
 
         self.prompt_tokens = counter("ridgeline_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("ridgeline_generation_tokens", "Output tokens of finished requests.")
@@ -59,10 +60,11 @@ class ServerMetrics:
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_cache_usage)
-        self.num_free_blocks.set(stats.num_free_blocks)
-        self.num_total_blocks.set(stats.num_total_blocks)
+        self.num_free_pages.set(stats.num_free_pages)
+        self.num_total_pages.set(stats.num_total_pages)
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
         self.num_preemptions.set(stats.num_preemptions)
+        self.num_prefilled_tokens.set(stats.num_prefilled_tokens)
 
     def observe_finished(self, output) -> None:
         """Histograms and counters from one finished `RequestOutput`."""

@@ -51,19 +51,12 @@ class SamplingFields(RequestModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: Any) -> Any:
-        return _reject_if_set(value, "logit_bias")
-
     @model_validator(mode="after")
     def _usage_options_need_stream(self) -> "SamplingFields":
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
         return self
 
-    def stop_strings(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 PromptField = (

@@ -1,25 +1,20 @@
-"""From an API request's sampling fields to a validated `SamplingParams`; range errors become 400s naming the field."""
+"""From an API request to admitted engine requests: the sampling fields become a `SamplingParams`, the engine's one
+admission check resolves it, and its errors become 400s naming the request's own field (errors carry the field,
+so nothing here reads their text)."""
 
-import re
+import time
 
+from ridgeline.engine.admission import Admission, AdmittedRequest
+from ridgeline.engine.messages import AddRequest
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.errors import RidgelineError
-from ridgeline.server.errors import APIError
+from ridgeline.server.errors import APIError, api_error
 from ridgeline.server.protocol import SamplingFields
 
-_BAD_FIELD = re.compile(r"invalid sampling parameter (\w+)=")
 
-
-def sampling_params(
-    request: SamplingFields,
-    *,
-    max_tokens: int | None,
-    logprobs: int | None,
-    prompt_logprobs: int | None,
-    vocab_size: int,
-    field_names: dict[str, str] | None = None,
-) -> SamplingParams:
-    """`field_names` maps a SamplingParams field to the request field it came from, where they differ."""
+def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None) -> SamplingParams:
+    """The request's sampling fields as the engine names them, unchecked (admission checks them)."""
     given = {
         "temperature": request.temperature,
         "top_p": request.top_p,
@@ -31,8 +26,9 @@ def sampling_params(
         "seed": request.seed,
         "stop": request.stop,
         "stop_token_ids": request.stop_token_ids,
+        "logit_bias": _logit_bias(request.logit_bias),
     }
-    params = SamplingParams(
+    return SamplingParams(
         n=request.n,
         max_tokens=max_tokens,
         ignore_eos=request.ignore_eos,
@@ -40,10 +36,33 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         **{name: value for name, value in given.items() if value is not None},
     )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends token ids as JSON object keys, so as strings."""
+    if bias is None:
+        return None
     try:
-        params.validate(vocab_size)
+        return {int(key): value for key, value in bias.items()}
+    except ValueError:
+        bad = next(key for key in bias if not key.strip().lstrip("+-").isdigit())
+        raise APIError(400, f"'logit_bias' keys must be token ids, got {bad!r}", "logit_bias") from None
+
+
+def admit(admission: Admission, ids: list[int], params: SamplingParams,
+          field_names: dict[str, str] | None = None) -> AdmittedRequest:
+    """`field_names` maps the engine's name of a field to the request's, where they differ."""
+    try:
+        return admission.admit_ids(ids, params)
     except RidgelineError as error:
-        match = _BAD_FIELD.match(str(error))
-        field = match.group(1) if match else None
-        raise APIError(400, str(error), param=(field_names or {}).get(field, field)) from error
-    return params
+        raise api_error(error, field_names) from error
+
+
+def choice_requests(request_id: str, admitted: AdmittedRequest, n: int) -> list[AddRequest]:
+    """The n choices of one prompt as engine requests: every choice after the first forks the first, so the
+    prompt is prefilled once and its pages shared, each choice sampling with its own seed (seed + index)."""
+    arrival = time.monotonic()
+    ids = [f"{request_id}-{choice}" for choice in range(n)]
+    return [AddRequest(ids[choice], AdmittedRequest(admitted.prompt_token_ids, admitted.params.child(choice)), arrival,
+                       fork_of=ids[0] if choice else None)
+            for choice in range(n)]

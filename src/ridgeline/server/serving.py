@@ -1,5 +1,5 @@
-"""What the completions and chat endpoints share: the model check, prompt limits, SSE framing, waiting for
-results while watching for a vanished client, and the one-line request log."""
+"""What the completions and chat endpoints share: the model check, prompt ids, SSE framing, waiting for results
+while watching for a vanished client, and the one-line request log."""
 
 import asyncio
 import json
@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from fastapi import Request
 from pydantic import BaseModel
 
+from ridgeline.engine.admission import Admission
 from ridgeline.errors import RidgelineError
 from ridgeline.model.tokenizer.base import Tokenizer
 from ridgeline.server.async_engine import AsyncEngine, Submission
-from ridgeline.server.errors import APIError, error_body
+from ridgeline.server.errors import APIError, api_error, error_body
 from ridgeline.server.protocol import Usage
 
 request_logger = logging.getLogger("ridgeline.server.requests")
@@ -24,49 +25,30 @@ request_logger = logging.getLogger("ridgeline.server.requests")
 class ServingContext:
     engine: AsyncEngine
     tokenizer: Tokenizer
+    admission: Admission  # the engine's one admission check (pure: safe to call on the event loop)
     model_name: str
-    max_model_len: int  # the model's context, capped by what the KV cache can hold for one sequence
     log_prompts: bool = False
+
+    @property
+    def max_model_len(self) -> int:
+        """The model's context, capped by --max-model-len and by what the KV cache can hold for one sequence."""
+        return self.admission.max_seq_len
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model", "model_not_found")
 
-    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
-        """Token ids of a text or token-list prompt, with BOS as the model asks; 400 if empty or out of vocab."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise APIError(400, f"'{param}' must not be empty", param)
-            return self.tokenizer.encode(prompt)
-        bad = next((t for t in prompt if not 0 <= t < self.tokenizer.vocab_size), None)
-        if bad is not None:
-            raise APIError(400, f"token id {bad} in '{param}' is outside the vocabulary [0, {self.tokenizer.vocab_size})", param)
-        return list(prompt)
+    def prompt_ids(self, prompt: str | list[int], param: str, *, special: bool = False) -> list[int]:
+        """Token ids of a text or token-list prompt (with BOS as the model asks); a 400 naming `param` if it is
+        empty or holds ids outside the vocabulary."""
+        try:
+            return self.admission.prompt_ids(prompt, special=special)
+        except RidgelineError as error:
+            raise api_error(error, {"prompt": param}) from error
 
     def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        return self.tokenizer.encode(text, special=True)
-
-    def fit_max_tokens(self, prompt_len: int, max_tokens: int | None, param: str) -> int:
-        """max_tokens, checked against the context; None means 'as many as fit'."""
-        room = self.max_model_len - prompt_len
-        if room <= 0:
-            raise APIError(
-                400,
-                f"prompt is {prompt_len} tokens; this model's context is {self.max_model_len} tokens",
-                "messages" if param == "max_completion_tokens" else "prompt",
-                "context_length_exceeded",
-            )
-        if max_tokens is None:
-            return room
-        if max_tokens > room:
-            raise APIError(
-                400,
-                f"prompt ({prompt_len} tokens) + {param} ({max_tokens}) exceeds this model's context of {self.max_model_len} tokens",
-                param,
-                "context_length_exceeded",
-            )
-        return max_tokens
+        return self.prompt_ids(text, "messages", special=True)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
@@ -94,7 +76,7 @@ def sse_error(error: Exception) -> str:
     if isinstance(error, APIError):
         return sse(error_body(error.status, error.message, error.param, error.code))
     if isinstance(error, RidgelineError):
-        return sse(error_body(400, str(error)))
+        return sse(error_body(400, str(error), error.param, error.code))
     return sse(error_body(500, f"internal server error: {error!r}"))
 
 
