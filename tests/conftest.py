@@ -28,12 +28,11 @@ def default_checkpoint():
 
 
 def make_runner(checkpoint, weights: str, num_blocks: int = 64):
-    from ridgeline.engine.kv_cache import KVCache, KVCacheConfig
-    from ridgeline.engine.model_runner import ModelRunner
-    from ridgeline.model.transformer import ModelOptions, Transformer
+    from ridgeline.engine.assemble import assemble_model
+    from ridgeline.engine.kv_cache import KVCacheConfig
+    from ridgeline.model.transformer import ModelOptions
 
-    model = Transformer(checkpoint, ModelOptions(weights=weights))
-    return ModelRunner(model, KVCache.for_blocks(model.config, KVCacheConfig(dtype="fp32"), num_blocks, torch.device("cpu")))
+    return assemble_model(checkpoint, ModelOptions(weights=weights), KVCacheConfig(dtype="fp32"), num_blocks=num_blocks).runner
 
 
 @pytest.fixture(scope="session")

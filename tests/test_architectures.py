@@ -5,11 +5,10 @@ import pytest
 import torch
 from tiny_models import ARCHITECTURES, build_hf_model, write_gguf
 
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig
+from ridgeline.engine.assemble import assemble_model
+from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.model.attention_batch import SeqChunk
-from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.model.transformer import ModelOptions, Transformer
 
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128, 1, 2, 77, 380, 19, 23, 200, 8]  # > gemma3's window of 8
 
@@ -26,9 +25,7 @@ def tiny(request, tmp_path_factory):
 
 
 def runner_for(path) -> ModelRunner:
-    checkpoint = read_checkpoint(path)
-    model = Transformer(checkpoint, ModelOptions())
-    return ModelRunner(model, KVCache.for_blocks(checkpoint.config, KVCacheConfig(block_size=4, dtype="fp32"), 32, torch.device("cpu")))
+    return assemble_model(path, cache=KVCacheConfig(block_size=4, dtype="fp32"), num_blocks=32).runner
 
 
 def assert_close(actual, expected):

@@ -8,12 +8,12 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ridgeline.cli.app import app
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig
-from ridgeline.engine.model_runner import ModelRunner
+from ridgeline.engine.assemble import assemble_model
+from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.evaluate.perplexity import perplexity
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.model.transformer import ModelOptions, Transformer
+from ridgeline.model.transformer import ModelOptions
 
 
 @app.command("perplexity", help="Perplexity of FILE in non-overlapping --ctx windows, each scored on its second half "
@@ -36,13 +36,13 @@ def perplexity_command(
         torch.set_num_threads(threads)
     console = Console()
     checkpoint = read_checkpoint(model)
-    tokenizer = checkpoint.load_tokenizer()
-    model_ = Transformer(checkpoint, ModelOptions(weights=weights, lm_head=lm_head))
     if ctx > checkpoint.config.max_context:
         raise RidgelineError(f"--ctx {ctx} exceeds the model's context of {checkpoint.config.max_context}")
     cache_config = KVCacheConfig(dtype="fp32")
-    runner = ModelRunner(model_, KVCache.for_blocks(checkpoint.config, cache_config, -(-ctx // cache_config.block_size),
-                                         model_.options.device))
+    assembled = assemble_model(checkpoint, ModelOptions(weights=weights, lm_head=lm_head), cache_config,
+                               num_blocks=-(-ctx // cache_config.block_size), tokenizer=True)
+    del checkpoint
+    runner, tokenizer = assembled.runner, assembled.tokenizer
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:

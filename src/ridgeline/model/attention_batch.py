@@ -13,7 +13,7 @@ from itertools import accumulate
 
 import torch
 
-from ridgeline.model.layers.linear import RowPaths
+from ridgeline.model.row_paths import RowPaths
 
 
 @dataclass

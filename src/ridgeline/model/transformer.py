@@ -15,13 +15,14 @@ from ridgeline.model.checkpoint import Checkpoint
 from ridgeline.model.kv_groups import layer_groups
 from ridgeline.model.layers.attention import PagedAttention
 from ridgeline.model.layers.embedding import TokenEmbedding
-from ridgeline.model.layers.linear import WEIGHT_FORMATS, PhaseAwareLinear, RowPaths, make_linear
+from ridgeline.model.layers.linear import WEIGHT_FORMATS, PhaseAwareLinear, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
 from ridgeline.model.layers.shared_input import SharedInputLinear
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.requantize import LM_HEAD_FORMATS, requantize
+from ridgeline.model.row_paths import RowPaths
 from ridgeline.model.weights import StoredTensor
 
 

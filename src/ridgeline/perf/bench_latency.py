@@ -15,17 +15,19 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, bytes_per_token
+from ridgeline.engine.assemble import assemble_model
+from ridgeline.engine.kv_cache import KVCacheConfig, bytes_per_token
+from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.errors import RidgelineError
-from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
-from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
+from ridgeline.model.attention_batch import SeqChunk
+from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.layers.linear import DenseLinear
 from ridgeline.model.quant import QuantizedLinear
-from ridgeline.model.transformer import ModelOptions, Transformer
+from ridgeline.model.transformer import ModelOptions
 from ridgeline.perf.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
 
 WEIGHT_MODES = ("quantized", "bf16", "f32")  # quantised in memory (f32 activations), or dequantised at load
-BLOCK_SIZE = 16
+CACHE = KVCacheConfig(block_size=16, dtype="bf16", memory_bytes=0)  # sized in blocks for one sequence
 
 
 @dataclass(frozen=True)
@@ -96,31 +98,28 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
         results = []
         for weights in config.weights:
             progress(f"loading the model with {weights} weights")
-            model = build_model(checkpoint, weights, config.lm_head)
-            results.append(_bench_model(model, weights, config, bandwidth, flops, progress))
-            del model
+            # Matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32; f32 activations.
+            runner = assemble_model(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights, config.lm_head),
+                                    CACHE, num_blocks=_num_blocks(config)).runner
+            results.append(_bench_model(runner, weights, config, bandwidth, flops, progress))
+            del runner
     return results
 
 
-def build_model(checkpoint: Checkpoint, weights: str, lm_head: str = "keep") -> Transformer:
-    """The model with its matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32."""
-    return Transformer(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights, lm_head))
+def _num_blocks(config: LatencyConfig) -> int:
+    """Blocks of one sequence holding the prompt and every generated token."""
+    return -(-(config.prompt_tokens + config.gen_tokens) // CACHE.block_size)
 
 
-def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwidth: float, flops: float,
+def _bench_model(runner: ModelRunner, weights: str, config: LatencyConfig, bandwidth: float, flops: float,
                  progress: Callable[[str], None]) -> LatencyResult:
-    model_config = model.config
-    cache_config = KVCacheConfig(BLOCK_SIZE, "bf16", 0)
-    tokens = config.prompt_tokens + config.gen_tokens
-    num_blocks = -(-tokens // BLOCK_SIZE)
-    cache = KVCache.for_blocks(model_config, cache_config, num_blocks, torch.device("cpu"))
-    layers, tables = cache.layers(), cache.group_tables(list(range(num_blocks)))
+    model, model_config = runner.model, runner.model.config
+    tables = runner.kv_cache.group_tables(list(range(_num_blocks(config))))
     generator = torch.Generator().manual_seed(config.seed)
     prompt = torch.randint(0, model_config.vocab_size, (config.prompt_tokens,), generator=generator).tolist()
 
     def forward(ids: list[int], start: int, num_prompt_tokens: int | None) -> torch.Tensor:
-        chunk = SeqChunk(ids, start, tables, num_prompt_tokens=num_prompt_tokens)
-        return model(AttentionBatch.build([chunk], BLOCK_SIZE, model.group_windows, torch.device("cpu")), layers)
+        return runner.forward([SeqChunk(ids, start, tables, num_prompt_tokens=num_prompt_tokens)])[0]
 
     def prefill() -> None:
         forward(prompt, 0, None)  # prompt rows: the compute-bound path
@@ -148,7 +147,7 @@ def _bench_model(model: Transformer, weights: str, config: LatencyConfig, bandwi
         weights=weights, threads=torch.get_num_threads(),
         prompt_tokens=config.prompt_tokens, gen_tokens=config.gen_tokens, pp_tok_s=pp or [0.0], tg_tok_s=tg or [0.0],
         weight_bytes=_resident_weight_bytes(model),
-        kv_bytes_per_step=bytes_per_token(model_config, cache_config) * config.gen_tokens / 2,
+        kv_bytes_per_step=bytes_per_token(model_config, CACHE) * config.gen_tokens / 2,
         read_bandwidth=bandwidth, matmul_flops=flops, linear_flops_per_token=2.0 * linear_weights,
         tg_step_ms=1e3 * step_seconds, tg_linear_ms=1e3 * linear_seconds[0] / steps,
     )  # fmt: skip

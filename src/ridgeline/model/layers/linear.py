@@ -10,36 +10,14 @@ this machine measured fastest for prefill-sized chunks (QuantizedLinear.prompt_u
 request's tokens do not depend on its batch.
 """
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ridgeline.model.quant import QuantizedLinear
+from ridgeline.model.row_paths import RowPaths
 from ridgeline.model.weights import StoredTensor
 
 WEIGHT_FORMATS = {"quantized": None, "bf16": torch.bfloat16, "f32": torch.float32}
-
-
-@dataclass(frozen=True)
-class RowPaths:
-    """Which rows of a step's activations are prompt rows (compute-bound path); the rest are generated rows."""
-
-    num_rows: int
-    compute_rows: torch.Tensor | None  # None when the split is all-or-nothing
-    memory_rows: torch.Tensor | None
-    all_compute: bool
-
-    @staticmethod
-    def from_prompt_mask(is_prompt: torch.Tensor) -> "RowPaths":
-        prompt_count = int(is_prompt.sum())
-        if prompt_count in (0, len(is_prompt)):
-            return RowPaths(len(is_prompt), None, None, prompt_count > 0)
-        return RowPaths(len(is_prompt), is_prompt.nonzero().squeeze(1), (~is_prompt).nonzero().squeeze(1), False)
-
-    @staticmethod
-    def memory_bound(num_rows: int) -> "RowPaths":
-        return RowPaths(num_rows, None, None, False)
 
 
 class DenseLinear(nn.Module):

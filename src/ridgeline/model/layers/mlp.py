@@ -3,9 +3,9 @@
 import torch
 from torch import nn
 
-from ridgeline.model.layers.linear import RowPaths
 from ridgeline.model.layers.shared_input import SharedInputLinear
 from ridgeline.model.native import compiled, on_compiled_path
+from ridgeline.model.row_paths import RowPaths
 
 ACTIVATIONS = {
     "silu": nn.functional.silu,

@@ -9,7 +9,8 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from ridgeline.model.layers.linear import RowPaths, make_linear
+from ridgeline.model.layers.linear import make_linear
+from ridgeline.model.row_paths import RowPaths
 from ridgeline.model.weights import StoredTensor
 
 
