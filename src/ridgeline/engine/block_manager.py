@@ -138,12 +138,20 @@ class BlockManager:
             hashes = self._block_hashes(seq, num_computed_tokens // bs)
             for group, table in enumerate(seq.block_tables):
                 for block in range(start // bs, len(hashes)):
-                    self.prefix_cache.insert((group, hashes[block]), table[block])
+                    if table[block] != RELEASED:  # (a page released unwritten, see release_below_window)
+                        self.prefix_cache.insert((group, hashes[block]), table[block])
         seq.num_computed_tokens = num_computed_tokens
+        self.release_below_window(seq, num_computed_tokens)
+
+    def release_below_window(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the pages of sliding-window groups that no query at position num_tokens or later reads. Called
+        by mark_computed, and on its own for pages reserved for KV arriving from another engine, whose blocks
+        below the window never arrive: released here unwritten, they are never named for prefix hits."""
+        bs = self.block_size
         for group, window in enumerate(self.windows):
             table = seq.block_tables[group]
             # Released entries form a prefix of the table, so walk down from the window to the last one released.
-            stop = first_readable_block(num_computed_tokens, window, bs)
+            stop = first_readable_block(num_tokens, window, bs)
             start_block = stop
             while start_block > 0 and table[start_block - 1] != RELEASED:
                 start_block -= 1
@@ -203,6 +211,10 @@ class BlockManager:
             length -= 1
         return [[page_of(group, block) if block >= first_readable_block(length * bs, window, bs) else RELEASED
                  for block in range(length)] for group, window in enumerate(self.windows)]
+
+    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """seq's chained hashes of its first num_blocks full blocks: what names their pages in any engine."""
+        return list(self._block_hashes(seq, num_blocks))
 
     def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """seq's chained block hashes for its first num_blocks full blocks (extending seq.block_hashes)."""

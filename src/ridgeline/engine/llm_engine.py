@@ -16,6 +16,8 @@ import torch
 from ridgeline.engine.admission import Admission, AdmissionLimits, AdmittedRequest
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, describe_capacity
+from ridgeline.engine.kv_handoff import (KVHandoffError, KVLayout, KVManifest, PageRef, pages_to_move, read_page,
+                                         write_page)
 from ridgeline.engine.output_processor import OutputProcessor, Sample
 from ridgeline.engine.outputs import EngineStats, RequestOutput
 from ridgeline.engine.sampler import Sampler
@@ -82,16 +84,17 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, fork_of: str | None = None) -> None:
+                    arrival_time: float | None = None, fork_of: str | None = None, hold_kv: bool = False) -> None:
         """Admit and queue a request (raises RidgelineError naming the field at fault). `fork_of`: another
-        request with the same prompt (the n samples of one prompt) whose prefilled pages this one shares."""
-        self.add_admitted(request_id, self.admission.admit(prompt, params), arrival_time, fork_of)
+        request with the same prompt (the n samples of one prompt) whose prefilled pages this one shares.
+        `hold_kv`: keep its pages once it finishes, for another engine to collect (see offer_kv)."""
+        self.add_admitted(request_id, self.admission.admit(prompt, params), arrival_time, fork_of, hold_kv)
 
     def add_admitted(self, request_id: str, request: AdmittedRequest, arrival_time: float | None = None,
-                     fork_of: str | None = None) -> None:
+                     fork_of: str | None = None, hold_kv: bool = False) -> None:
         """Queue a request that already passed `self.admission` (the server admits on its own thread)."""
         seq = Sequence(request_id, list(request.prompt_token_ids), request.params,
-                       time.monotonic() if arrival_time is None else arrival_time)
+                       time.monotonic() if arrival_time is None else arrival_time, hold_kv=hold_kv)
         self.scheduler.add_request(seq, fork_of=fork_of)
         self.output_processor.add(seq)
 
@@ -143,6 +146,74 @@ class LLMEngine:
         return SeqChunk(chunk.token_ids, chunk.start, chunk.block_tables,
                         all_logits=self.output_processor.wants_prompt_logits(chunk),
                         num_prompt_tokens=chunk.seq.num_prompt_tokens)
+
+    # ---- KV handoff (disaggregated prefill and decode; engine/kv_handoff.py) -----------------------------------
+    def kv_layout(self) -> KVLayout:
+        cache = self.runner.kv_cache
+        config = self.model_config
+        # The weights' identity: the file's name, its configuration, and how it was loaded (a Q4 and an f32 model of
+        # one config write different K and V for the same prompt).
+        model = f"{self.model_name}:{config!r}:{self.config.dtype}:{self.config.lm_head}"
+        return KVLayout(model=model, kv_dtype=self.config.kv_cache.dtype,
+                        block_size=cache.block_size, windows=tuple(group.window for group in cache.groups),
+                        layers_per_group=len(cache.groups[0].layers), num_kv_heads=config.num_kv_heads,
+                        head_dim=config.head_dim)
+
+    def offer_kv(self, request_id: str) -> KVManifest:
+        """Prefill side: the pages a finished hold_kv request kept, named for the decode side."""
+        seq = self._held(request_id)
+        hashes = self.scheduler.block_manager.block_hashes(seq, seq.num_computed_tokens // self.runner.kv_cache.block_size)
+        pages = pages_to_move(seq.num_computed_tokens, self.kv_layout().windows, self.runner.kv_cache.block_size, hashes)
+        return KVManifest(request_id, tuple(seq.prompt_token_ids), seq.output_token_ids[0], tuple(pages),
+                          self.kv_layout().digest())
+
+    def read_kv_pages(self, request_id: str, refs: list[PageRef]) -> list[bytes]:
+        seq = self._held(request_id)
+        return [read_page(self.runner.kv_cache, seq.block_tables[ref.group][ref.block]) for ref in refs]
+
+    def release_kv(self, request_id: str) -> bool:
+        """Prefill side: the pages were collected (or their lease lapsed): free them."""
+        return self.scheduler.release_held(request_id)
+
+    def receive_kv(self, request_id: str, request: AdmittedRequest, manifest: KVManifest,
+                   arrival_time: float | None = None) -> list[PageRef] | None:
+        """Decode side: reserve pages for a request whose prompt KV and first token come from another engine;
+        returns the pages to fetch (blocks the prefix cache already holds are skipped), None if there is no room
+        now. Refuses a manifest of another layout or of another prompt (its chain hashes must be this prompt's)."""
+        if manifest.layout_digest != self.kv_layout().digest():
+            raise KVHandoffError("the prefill side's KV layout (model, KV dtype, block size or layer groups) differs "
+                                 "from this engine's")
+        if tuple(request.prompt_token_ids) != manifest.prompt_token_ids:
+            raise KVHandoffError(f"request {request_id!r}: the KV offered is of another prompt")
+        seq = Sequence(request_id, list(request.prompt_token_ids), request.params,
+                       time.monotonic() if arrival_time is None else arrival_time)
+        bs = self.runner.kv_cache.block_size
+        expected = self.scheduler.block_manager.block_hashes(seq, seq.num_prompt_tokens // bs)
+        offered = {(ref.group, ref.block): ref.chain_hash for ref in manifest.pages}
+        wanted = pages_to_move(seq.num_prompt_tokens, self.kv_layout().windows, bs, expected)
+        if any(offered.get((ref.group, ref.block), b"missing") != ref.chain_hash for ref in wanted):
+            raise KVHandoffError(f"request {request_id!r}: the pages offered do not match the prompt's chain hashes")
+        seq.append_token(manifest.first_token_id, time.monotonic())
+        if not self.scheduler.reserve_prefilled(seq):
+            return None
+        self.output_processor.add(seq, replay=[manifest.first_token_id])
+        first_needed = seq.num_cached_tokens // bs
+        return [ref for ref in wanted if ref.block >= first_needed]
+
+    def write_kv_pages(self, request_id: str, refs: list[PageRef], payloads: list[bytes]) -> None:
+        seq = self.scheduler.receiving(request_id)
+        for ref, payload in zip(refs, payloads, strict=True):
+            write_page(self.runner.kv_cache, seq.block_tables[ref.group][ref.block], payload)
+
+    def commit_kv(self, request_id: str) -> None:
+        """Decode side: every page arrived; the request decodes from the next step."""
+        self.scheduler.admit_prefilled(request_id)
+
+    def _held(self, request_id: str) -> Sequence:
+        seq = self.scheduler.held.get(request_id)
+        if seq is None:
+            raise KVHandoffError(f"request {request_id!r} holds no KV here (unknown, not finished, or released)")
+        return seq
 
     # ---- reporting ------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -89,6 +89,10 @@ class Scheduler:
         # Forks waiting for their parent's prompt to be computed: parent id -> children, child id -> parent id.
         self._pending_forks: dict[str, list[Sequence]] = {}
         self._fork_parent: dict[str, str] = {}
+        # KV handoff (engine/kv_handoff.py): finished sequences whose pages wait to be collected, and sequences
+        # whose prompt KV is arriving from another engine into pages reserved for it.
+        self.held: dict[str, Sequence] = {}
+        self._receiving: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.num_prefilled_tokens = 0  # prompt tokens computed (not found in the prefix cache or shared by a fork)
 
@@ -118,6 +122,48 @@ class Scheduler:
         else:
             self._pending_forks.setdefault(parent.request_id, []).append(seq)
             self._fork_parent[seq.request_id] = parent.request_id
+
+    def release_held(self, request_id: str) -> bool:
+        """Free the pages a finished hold_kv sequence kept (collected, or its lease lapsed)."""
+        seq = self.held.pop(request_id, None)
+        if seq is not None:
+            self.block_manager.free(seq)
+        return seq is not None
+
+    def reserve_prefilled(self, seq: Sequence) -> bool:
+        """Pages for a sequence (prompt + the first token, already sampled elsewhere) whose prompt KV another
+        engine computed: prefix-cache hits first, fresh pages for the rest. False, changing nothing, when there is
+        no room now. The caller then writes the missing pages and calls admit_prefilled (or abort)."""
+        if seq.request_id in self._requests:
+            raise RidgelineError(f"request id {seq.request_id!r} is already in use")
+        if len(self.running) + len(self._receiving) >= self.config.max_num_seqs:
+            return False
+        cached = self.block_manager.find_cached_prefix(seq)
+        num_cached = len(cached[0]) * self.block_manager.block_size if cached else 0
+        if not self.block_manager.allocate(seq, seq.num_prompt_tokens - num_cached, cached):
+            return False
+        if self.block_manager.prefix_cache is not None:
+            self.block_manager.prefix_cache.record_lookup(seq.num_prompt_tokens, num_cached)
+        seq.num_cached_tokens = seq.num_computed_tokens = num_cached
+        self.block_manager.release_below_window(seq, seq.num_prompt_tokens)  # those blocks' KV never comes
+        self._requests[seq.request_id] = seq
+        self._receiving[seq.request_id] = seq
+        return True
+
+    def receiving(self, request_id: str) -> Sequence:
+        """A sequence reserve_prefilled took pages for, whose KV has not all arrived."""
+        seq = self._receiving.get(request_id)
+        if seq is None:
+            raise RidgelineError(f"request {request_id!r} is not waiting for KV pages")
+        return seq
+
+    def admit_prefilled(self, request_id: str) -> None:
+        """The reserved sequence's prompt KV is written: it joins the running batch and decodes from its next step."""
+        seq = self._receiving.pop(request_id)
+        self.block_manager.mark_computed(seq, seq.num_prompt_tokens)
+        seq.status = SequenceStatus.RUNNING
+        seq.first_scheduled_time = seq.first_scheduled_time or self.clock()
+        self.running.append(seq)
 
     def _fork(self, parent: Sequence, child: Sequence) -> None:
         """Run child now on the parent's computed full blocks that hold the child's leading tokens. With no room
@@ -269,11 +315,16 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.request_id in self._receiving:
+            del self._receiving[seq.request_id]
         elif seq.request_id in self._fork_parent:
             self._pending_forks[self._fork_parent.pop(seq.request_id)].remove(seq)
         else:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        if seq.hold_kv and reason != "abort":
+            self.held[seq.request_id] = seq  # its pages stay referenced until release_held
+        else:
+            self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finish_time = self.clock()

@@ -37,6 +37,8 @@ class Sequence:
     finish_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was appended
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    # Keep the pages once finished, until a KV transfer collects them (a prefill worker's requests).
+    hold_kv: bool = False
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

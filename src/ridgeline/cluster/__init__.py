@@ -1,0 +1,1 @@
+"""More than one engine: moving KV pages between engines (kv_transfer/). Nothing here imports ridgeline.server."""

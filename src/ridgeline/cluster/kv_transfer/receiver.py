@@ -1,0 +1,59 @@
+"""The decode side of a KV transfer: reserve pages, pull the missing ones, verify, write, admit -- or free what
+was reserved and say why. Transport-agnostic: `transport.fetch(address, pull, page_bytes)` returns the payloads
+in the order asked, or raises TransferFailed."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ridgeline.cluster.kv_transfer.messages import Failed, Message, Pages, Pull, TransferFailed
+from ridgeline.engine.admission import AdmittedRequest
+from ridgeline.engine.kv_handoff import KVHandoffError, KVManifest, payload_digest
+
+
+class KVTransport(Protocol):
+    def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]: ...
+
+
+@dataclass(frozen=True)
+class Received:
+    pages_moved: int
+    pages_cached: int  # skipped: the decode side's prefix cache held them
+    bytes_moved: int
+
+
+def verify(pull: Pull, reply: Message, frames: list[bytes], page_bytes: int) -> list[bytes]:
+    """The payloads of a Pages reply that answers `pull` page for page, each of page_bytes with its digest."""
+    if isinstance(reply, Failed):
+        raise TransferFailed(reply.reason)
+    if not isinstance(reply, Pages) or reply.request_id != pull.request_id:
+        raise TransferFailed(f"unexpected reply {type(reply).__name__} to a pull of {pull.request_id!r}")
+    if reply.pages != pull.pages or len(frames) != len(pull.pages) or len(reply.digests) != len(frames):
+        raise TransferFailed(f"{len(frames)} pages arrived for the {len(pull.pages)} asked")
+    for ref, frame, digest in zip(pull.pages, frames, reply.digests):
+        if len(frame) != page_bytes:
+            raise TransferFailed(f"page (group {ref.group}, block {ref.block}) has {len(frame)} bytes, not {page_bytes}")
+        if payload_digest(frame) != digest:
+            raise TransferFailed(f"page (group {ref.group}, block {ref.block}) does not match its sha256")
+    return frames
+
+
+def receive(engine, transport: KVTransport, address: str, request_id: str, request: AdmittedRequest,
+            manifest: KVManifest) -> Received | None:
+    """Bring a request prefilled elsewhere into `engine`, ready to decode from its next step. None: no room now
+    (nothing was reserved; try again later). On TransferFailed the reserved pages are freed before it propagates."""
+    try:
+        refs = engine.receive_kv(request_id, request, manifest)
+    except KVHandoffError as error:
+        raise TransferFailed(str(error)) from error
+    if refs is None:
+        return None
+    layout = engine.kv_layout()
+    try:
+        payloads = transport.fetch(address, Pull(request_id, layout.digest(), tuple(refs)), layout.page_bytes)
+        engine.write_kv_pages(request_id, refs, payloads)
+    except BaseException:
+        engine.abort(request_id)  # frees the reserved pages at once
+        raise
+    engine.commit_kv(request_id)
+    offered = len(manifest.pages)
+    return Received(len(refs), offered - len(refs), sum(map(len, payloads)))

@@ -1,0 +1,106 @@
+"""KV transfer over TCP with ZeroMQ: the prefill side serves a ROUTER socket from its own thread; the decode side
+opens a DEALER per fetch. A multipart message is one header frame (messages.encode) then one frame per page.
+
+No silent waits: a socket monitor turns a peer that closes, a connection refused, or heartbeats that stop
+(ZMQ_HEARTBEAT_*: a hung or unplugged peer) into TransferFailed at once; an overall deadline bounds the rest.
+"""
+
+import threading
+import time
+import zmq.utils.monitor
+
+import zmq
+
+from ridgeline.cluster.kv_transfer.messages import Done, Pull, TransferFailed, decode, encode
+from ridgeline.cluster.kv_transfer.receiver import verify
+from ridgeline.cluster.kv_transfer.source import KVSource
+
+HEARTBEAT_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1500
+_PEER_GONE = {zmq.EVENT_DISCONNECTED: "the prefill side closed the connection",
+              zmq.EVENT_CONNECT_RETRIED: "the prefill side refused the connection (nothing listens there)",
+              zmq.EVENT_CLOSED: "the connection to the prefill side closed (refused or dropped)"}
+
+
+class ZmqKVServer:
+    """Serves `source` on `bind` (e.g. tcp://0.0.0.0:5557; port * picks a free one) until close()."""
+
+    def __init__(self, source: KVSource, bind: str = "tcp://127.0.0.1:*", context: zmq.Context | None = None):
+        self.source = source
+        self._context = context or zmq.Context.instance()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self._socket.bind(bind)
+        self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bytes_sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="ridgeline-kv-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(100):
+                identity, header, *_ = self._socket.recv_multipart(copy=True)
+                try:
+                    reply, frames = self.source.handle(decode(header))
+                except TransferFailed:
+                    continue  # a malformed message: nothing to answer it about
+                if reply is not None:
+                    head = encode(reply)
+                    self._socket.send_multipart([identity, head, *frames], copy=False)
+                    self.bytes_sent += len(head) + sum(map(len, frames))
+            self.source.expire()
+        self._socket.close(linger=0)
+
+    def close(self) -> None:
+        """Stop serving: decode sides that are mid-transfer see the connection close (and fail at once)."""
+        self._stop.set()
+        self._thread.join()
+
+
+class ZmqTransport:
+    def __init__(self, timeout: float = 30.0, context: zmq.Context | None = None):
+        self.timeout = timeout
+        self._context = context or zmq.Context.instance()
+        self.bytes_received = 0
+
+    def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]:
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RECONNECT_IVL, 100)
+        socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                                            | zmq.EVENT_CLOSED)
+        try:
+            socket.connect(address)
+            socket.send(encode(pull))
+            header, frames = self._await_reply(socket, monitor, address)
+            payloads = verify(pull, decode(header), frames, page_bytes)
+            socket.send(encode(Done(pull.request_id)))
+            self.bytes_received += len(header) + sum(map(len, frames))
+            return payloads
+        finally:
+            socket.disable_monitor()
+            monitor.close(linger=0)
+            socket.close(linger=0)
+
+    def _await_reply(self, socket, monitor, address: str) -> tuple[bytes, list[bytes]]:
+        poller = zmq.Poller()
+        poller.register(socket, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        deadline = time.monotonic() + self.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            ready = dict(poller.poll(int(left * 1000) + 1))
+            if socket in ready:
+                header, *frames = socket.recv_multipart(copy=True)
+                return header, frames
+            if monitor in ready:
+                event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
+                if event in _PEER_GONE:
+                    raise TransferFailed(f"{_PEER_GONE[event]} at {address}")
+        raise TransferFailed(f"no answer from the prefill side at {address} within {self.timeout:g} s")

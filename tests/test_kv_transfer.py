@@ -1,0 +1,202 @@
+"""Disaggregated prefill and decode at the engine level: a prompt prefilled on one engine, its KV pages moved by
+the transfer layer, decoded on another engine, gives exactly the colocated tokens; the bytes moved are the pages'
+bytes; and every way a transfer can fail ends in an explicit TransferFailed with no page leaked on either side.
+
+On a tiny random Gemma 3 (one full-attention layer group, two sliding groups of window 8, blocks of 4 tokens), so
+sliding groups move only their window's pages."""
+
+import itertools
+import time
+
+import pytest
+from tiny_models import build_hf_model, save_tokenizer
+
+from ridgeline.cluster.kv_transfer.inprocess import InProcessTransport
+from ridgeline.cluster.kv_transfer.messages import TransferFailed
+from ridgeline.cluster.kv_transfer.receiver import receive
+from ridgeline.cluster.kv_transfer.source import KVSource
+from ridgeline.cluster.kv_transfer.zmq_transport import ZmqKVServer, ZmqTransport
+from ridgeline.engine.block_manager import first_readable_block
+from ridgeline.engine.kv_cache import KVCacheConfig
+from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.scheduler import SchedulerConfig
+
+BLOCK, WINDOW = 4, 8
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+SHARED = [(5 * i) % 300 + 7 for i in range(26)]
+PROMPTS = [[11, 12, 13], SHARED + [40, 41], [(3 * i) % 200 + 9 for i in range(37)], SHARED + [50] * 9, SHARED[:16]]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    directory = tmp_path_factory.mktemp("gemma3")
+    build_hf_model("gemma3", directory)
+    save_tokenizer(directory)
+    return str(directory)
+
+
+def engine(model: str, kv_dtype: str = "fp32") -> LLMEngine:
+    return LLMEngine(EngineConfig(model=model, kv_cache=KVCacheConfig(BLOCK, kv_dtype, 1 << 22),
+                                  scheduler=SchedulerConfig(max_num_batched_tokens=16)))
+
+
+def run(engine: LLMEngine) -> dict[str, list[int]]:
+    finals = {}
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = output.output_token_ids
+    return finals
+
+
+def prefill(engine: LLMEngine, source: KVSource, request_id: str, prompt: list[int]):
+    """What a prefill worker does: compute the prompt and the first token, keep the pages, offer them."""
+    first_only = SamplingParams(**{**GREEDY.__dict__, "max_tokens": 1})
+    engine.add_request(request_id, prompt, first_only, hold_kv=True)
+    run(engine)
+    return source.offer(request_id)
+
+
+def assert_no_pages_leaked(*engines: LLMEngine) -> None:
+    for each in engines:
+        stats = each.stats()
+        assert stats.num_free_pages == stats.num_total_pages, "a KV page leaked"
+
+
+@pytest.fixture(params=["in-process", "tcp"])
+def link(request, model):
+    """(prefill engine, its source, transport, address, close) over one transport."""
+    prefill_engine = engine(model)
+    source = KVSource(prefill_engine)
+    if request.param == "in-process":
+        transport = InProcessTransport()
+        transport.serve("prefill-0", source)
+        yield prefill_engine, source, transport, "prefill-0"
+        return
+    server = ZmqKVServer(source)
+    try:
+        yield prefill_engine, source, ZmqTransport(timeout=10), server.address
+    finally:
+        server.close()
+
+
+def test_prefill_transfer_decode_gives_the_colocated_tokens(model, link):
+    prefill_engine, source, transport, address = link
+    colocated = engine(model)
+    for index, prompt in enumerate(PROMPTS):
+        colocated.add_request(f"r{index}", prompt, GREEDY)
+    expected = run(colocated)
+
+    decode_engine = engine(model)
+    for index, prompt in enumerate(PROMPTS):
+        manifest = prefill(prefill_engine, source, f"r{index}", prompt)
+        received = receive(decode_engine, transport, address, f"r{index}", decode_engine.admission.admit(prompt, GREEDY),
+                           manifest)
+        assert received is not None
+    assert run(decode_engine) == expected
+    assert source.num_leased == 0
+    assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
+def test_bytes_moved_are_the_uncached_pages_and_sliding_groups_move_only_their_window(model):
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source, transport = KVSource(prefill_engine), InProcessTransport()
+    transport.serve("p", source)
+    layout = decode_engine.kv_layout()
+    prompt = PROMPTS[2]  # 37 tokens: 10 blocks, the last one partial
+    received = receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(prompt, GREEDY),
+                       prefill(prefill_engine, source, "a", prompt))
+    blocks = -(-len(prompt) // BLOCK)
+    per_group = [blocks - first_readable_block(len(prompt), window, BLOCK) for window in layout.windows]
+    assert layout.windows == (None, WINDOW, WINDOW) and per_group == [10, 3, 3]
+    # A page: block_size tokens of K and V of one group's layer(s): 2 x kv_heads x head_dim x 4 B per token and layer.
+    config = decode_engine.model_config
+    assert layout.page_bytes == BLOCK * 2 * config.num_kv_heads * config.head_dim * 4
+    assert received.bytes_moved == transport.bytes_moved == sum(per_group) * layout.page_bytes
+    assert received.pages_cached == 0
+
+    # A second prompt sharing the first's 9 full blocks (36 tokens) finds them in the decode side's prefix cache:
+    # a hit needs every block in the full group but only the window's blocks (7, 8) in the sliding groups, which
+    # the first transfer brought. Of the second's 11 + 3 + 3 pages only blocks 9 and 10 of each group move.
+    run(decode_engine)
+    second = prompt[:36] + [3, 4, 5, 6, 7, 8]
+    received = receive(decode_engine, transport, "p", "b", decode_engine.admission.admit(second, GREEDY),
+                       prefill(prefill_engine, source, "b", second))
+    assert (received.pages_moved, received.pages_cached) == (6, 11)
+    assert received.bytes_moved == 6 * layout.page_bytes
+    run(decode_engine)
+    assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
+def test_tcp_framing_overhead_is_the_headers_alone(model):
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source = KVSource(prefill_engine)
+    server, transport = ZmqKVServer(source), ZmqTransport(timeout=10)
+    try:
+        prompt = PROMPTS[3]
+        received = receive(decode_engine, transport, server.address, "a", decode_engine.admission.admit(prompt, GREEDY),
+                           prefill(prefill_engine, source, "a", prompt))
+        overhead = transport.bytes_received - received.bytes_moved
+        # The JSON header: per page its group, block, chain hash and sha256 (two 64-digit hex strings), ~140 B.
+        assert 0 < overhead < 100 + 160 * received.pages_moved
+    finally:
+        server.close()
+    run(decode_engine)
+    assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
+def test_a_layout_mismatch_is_refused_and_the_prefill_pages_are_freed_when_the_lease_lapses(model):
+    ticks = itertools.count()
+    prefill_engine, decode_engine = engine(model), engine(model, kv_dtype="fp16")
+    source = KVSource(prefill_engine, lease_seconds=5, clock=lambda: float(next(ticks)))
+    transport = InProcessTransport()
+    transport.serve("p", source)
+    manifest = prefill(prefill_engine, source, "a", PROMPTS[1])
+    with pytest.raises(TransferFailed, match="layout"):
+        receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(PROMPTS[1], GREEDY), manifest)
+    assert_no_pages_leaked(decode_engine)
+    while source.num_leased:
+        source.expire()
+    assert source.num_lapsed == 1
+    assert_no_pages_leaked(prefill_engine)
+
+
+def test_a_client_gone_between_prefill_and_decode_frees_the_pages_and_a_late_pull_fails(model):
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source, transport = KVSource(prefill_engine), InProcessTransport()
+    transport.serve("p", source)
+    manifest = prefill(prefill_engine, source, "a", PROMPTS[2])
+    source.drop("a")  # the front saw the client leave
+    assert_no_pages_leaked(prefill_engine)
+    with pytest.raises(TransferFailed, match="no KV held"):
+        receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(PROMPTS[2], GREEDY), manifest)
+    assert_no_pages_leaked(decode_engine)
+
+
+def test_pages_of_another_prompt_are_refused(model):
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source, transport = KVSource(prefill_engine), InProcessTransport()
+    transport.serve("p", source)
+    manifest = prefill(prefill_engine, source, "a", PROMPTS[2])
+    other = PROMPTS[2][:-1] + [99]
+    with pytest.raises(TransferFailed, match="another prompt"):
+        receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(other, GREEDY), manifest)
+    source.drop("a")
+    assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
+@pytest.mark.parametrize("how", ["closed before the pull", "never listened"])
+def test_a_prefill_worker_that_is_gone_fails_the_transfer_at_once(model, how):
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source = KVSource(prefill_engine)
+    server = ZmqKVServer(source)
+    manifest = prefill(prefill_engine, source, "a", PROMPTS[2])
+    address = server.address if how == "closed before the pull" else "tcp://127.0.0.1:9"
+    server.close()
+    started = time.monotonic()
+    with pytest.raises(TransferFailed, match="prefill side"):
+        receive(decode_engine, ZmqTransport(timeout=30), address, "a", decode_engine.admission.admit(PROMPTS[2], GREEDY),
+                manifest)
+    assert time.monotonic() - started < 5, "a dead peer must fail the transfer, not wait out the timeout"
+    assert_no_pages_leaked(decode_engine)
