@@ -29,10 +29,14 @@ def serve_command(
     max_body_kib: int = typer.Option(4096, "--max-body-kib", min=1, help="Largest request body accepted, in KiB (else 413)."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, help="Seconds in-flight requests get on SIGTERM."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Put prompt text in the request log (off: ids and counts only)."),
+    role: str = typer.Option("both", "--role", help="both: prefill and decode here (colocated). prefill / decode: one side of disaggregated serving behind `ridgeline proxy`; a prefill worker keeps each prompt's KV pages for a decode worker to pull."),
+    kv_bind: str = typer.Option("tcp://127.0.0.1:*", "--kv-bind", help="A prefill worker's KV endpoint, e.g. tcp://0.0.0.0:5557 (* = any free port)."),
+    kv_host: str = typer.Option(None, "--kv-host", help="The host decode workers dial for this prefill worker's KV (default: as bound)."),
 ) -> None:
     from ridgeline.cli.engine_options import engine_config
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
+    from ridgeline import startup_clock
     from ridgeline.server.launcher import configure_logging, run_server
 
     configure_logging()
@@ -58,9 +62,14 @@ def serve_command(
         max_body_bytes=max_body_kib * 1024,
         drain_timeout=drain_timeout,
         log_prompts=log_prompts,
+        role=role,
+        kv_bind=kv_bind,
+        kv_advertise_host=kv_host,
     )
     console = Console(stderr=True)
     with console.status("loading model"):
         engine = LLMEngine(config)
     console.print(engine.capacity_report, highlight=False)
-    run_server(create_app(engine, server_config), server_config)
+    app = create_app(engine, server_config)
+    console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False)
+    run_server(app, server_config)

@@ -14,6 +14,7 @@ from ridgeline.model.checkpoint import Checkpoint, read_checkpoint, release_load
 from ridgeline.model.config import ModelConfig
 from ridgeline.model.tokenizer import Tokenizer
 from ridgeline.model.transformer import ModelOptions, Transformer
+from ridgeline.startup_clock import phase
 
 
 @dataclass
@@ -43,16 +44,20 @@ def assemble_model(source: str | Path | Checkpoint | None, options: ModelOptions
     returned to the OS; one passed in belongs to the caller, who may build from it again.
     """
     opened = not isinstance(source, Checkpoint)
-    checkpoint = read_checkpoint(source) if opened else source
+    with phase("load weights"):
+        checkpoint = read_checkpoint(source) if opened else source
     name, config = checkpoint.name, checkpoint.config
-    loaded_tokenizer = checkpoint.load_tokenizer() if tokenizer else None
-    model = Transformer(checkpoint, options)
-    if opened:
-        del checkpoint
-        release_loader_memory()
+    with phase("tokenizer"):
+        loaded_tokenizer = checkpoint.load_tokenizer() if tokenizer else None
+    with phase("load weights"):
+        model = Transformer(checkpoint, options)
+        if opened:
+            del checkpoint
+            release_loader_memory()
     device = model.options.device
-    if num_blocks is None:
-        kv_cache = KVCache(config, cache, pages_for_budget(config, cache), device)
-    else:
-        kv_cache = KVCache.for_blocks(config, cache, num_blocks, device)
+    with phase("KV alloc"):
+        if num_blocks is None:
+            kv_cache = KVCache(config, cache, pages_for_budget(config, cache), device)
+        else:
+            kv_cache = KVCache.for_blocks(config, cache, num_blocks, device)
     return AssembledModel(name, config, loaded_tokenizer, ModelRunner(model, kv_cache))

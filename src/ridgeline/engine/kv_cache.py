@@ -5,8 +5,10 @@ A page holds block_size tokens of K and V for the layers of one group. Page p of
 so moving a sequence's KV to another worker means copying its pages' slots of `data`.
 """
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ridgeline.engine.block_manager import longest_fitting_sequence, pages_held
@@ -49,14 +51,23 @@ def pages_for_budget(model: ModelConfig, cache: KVCacheConfig) -> int:
     return int(pages)
 
 
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on the CPU straight from the OS's zero pages (numpy's large allocations are fresh mappings), so
+    start-up does not write gigabytes of zeros and a page costs memory only once a token is written to it."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
+
+
 class KVCache:
     def __init__(self, model: ModelConfig, cache: KVCacheConfig, num_pages: int, device: torch.device):
         self.block_size, self.num_pages = cache.block_size, num_pages
         self.groups = layer_groups(model)
         # [layer within group, K/V, slot, kv_heads, head_dim]: each layer's K (or V) is one contiguous
         # [slots, kv_heads, head_dim] tensor that the attention kernel indexes by slot.
-        self.data = torch.zeros(len(self.groups[0].layers), 2, num_pages * cache.block_size, model.num_kv_heads,
-                                model.head_dim, dtype=cache.torch_dtype, device=device)
+        self.data = zeroed((len(self.groups[0].layers), 2, num_pages * cache.block_size, model.num_kv_heads,
+                            model.head_dim), cache.torch_dtype, device)
 
     @classmethod
     def for_blocks(cls, model: ModelConfig, cache: KVCacheConfig, num_blocks: int, device: torch.device) -> "KVCache":

@@ -67,6 +67,7 @@ class KVManifest:
     first_token_id: int
     pages: tuple[PageRef, ...]
     layout_digest: str
+    num_cached_tokens: int = 0  # prompt tokens the prefill side found in its prefix cache (reported as cached)
 
 
 def pages_to_move(num_tokens: int, windows: tuple[int | None, ...], block_size: int,

@@ -20,7 +20,7 @@ from ridgeline.engine.kv_handoff import (KVHandoffError, KVLayout, KVManifest, P
                                          write_page)
 from ridgeline.engine.output_processor import OutputProcessor, Sample
 from ridgeline.engine.outputs import EngineStats, RequestOutput
-from ridgeline.engine.sampler import Sampler
+from ridgeline.engine.sampler import Sampler, TokenLogprobs
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
@@ -81,6 +81,8 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._aborted: list[RequestOutput] = []
+        self._arrived: list[Sample] = []  # first tokens of requests whose KV came from a prefill engine
+        self._first_tokens: dict[str, Sample] = {}  # ... and of those whose KV is still on its way
 
     # ---- requests -------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -100,17 +102,25 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request now; its KV pages are free when this returns. Its final output comes from the next step."""
+        self._first_tokens.pop(request_id, None)
         self.scheduler.abort(request_id)
         output = self.output_processor.abort(request_id)
         if output is not None:
             self._aborted.append(output)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or bool(self._arrived)
+
+    def has_work(self) -> bool:
+        """A step would do something now (has_unfinished also counts requests whose KV is still arriving)."""
+        return self.scheduler.has_runnable() or bool(self._aborted) or bool(self._arrived)
 
     # ---- the step -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
+        if self._arrived:  # their first token was sampled by the prefill engine: it reaches the caller from here
+            arrived, self._arrived = self._arrived, []
+            outputs += self.output_processor.outputs(arrived, self.output_processor.detokenize(arrived), [])
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return outputs
@@ -165,7 +175,7 @@ class LLMEngine:
         hashes = self.scheduler.block_manager.block_hashes(seq, seq.num_computed_tokens // self.runner.kv_cache.block_size)
         pages = pages_to_move(seq.num_computed_tokens, self.kv_layout().windows, self.runner.kv_cache.block_size, hashes)
         return KVManifest(request_id, tuple(seq.prompt_token_ids), seq.output_token_ids[0], tuple(pages),
-                          self.kv_layout().digest())
+                          self.kv_layout().digest(), seq.num_cached_tokens)
 
     def read_kv_pages(self, request_id: str, refs: list[PageRef]) -> list[bytes]:
         seq = self._held(request_id)
@@ -176,7 +186,7 @@ class LLMEngine:
         return self.scheduler.release_held(request_id)
 
     def receive_kv(self, request_id: str, request: AdmittedRequest, manifest: KVManifest,
-                   arrival_time: float | None = None) -> list[PageRef] | None:
+                   arrival_time: float | None = None, first_logprobs: TokenLogprobs | None = None) -> list[PageRef] | None:
         """Decode side: reserve pages for a request whose prompt KV and first token come from another engine;
         returns the pages to fetch (blocks the prefix cache already holds are skipped), None if there is no room
         now. Refuses a manifest of another layout or of another prompt (its chain hashes must be this prompt's)."""
@@ -196,8 +206,11 @@ class LLMEngine:
         seq.append_token(manifest.first_token_id, time.monotonic())
         if not self.scheduler.reserve_prefilled(seq):
             return None
-        self.output_processor.add(seq, replay=[manifest.first_token_id])
-        first_needed = seq.num_cached_tokens // bs
+        self.output_processor.add(seq)
+        self._first_tokens[request_id] = Sample(seq, manifest.first_token_id, first_logprobs)
+        first_needed = seq.num_computed_tokens // bs  # blocks before it were hits in this engine's prefix cache
+        # What a client is told was cached: what the prefill engine skipped computing, as when colocated.
+        seq.num_cached_tokens = manifest.num_cached_tokens
         return [ref for ref in wanted if ref.block >= first_needed]
 
     def write_kv_pages(self, request_id: str, refs: list[PageRef], payloads: list[bytes]) -> None:
@@ -206,8 +219,10 @@ class LLMEngine:
             write_page(self.runner.kv_cache, seq.block_tables[ref.group][ref.block], payload)
 
     def commit_kv(self, request_id: str) -> None:
-        """Decode side: every page arrived; the request decodes from the next step."""
+        """Decode side: every page arrived; the request decodes from the next step, whose outputs begin with the
+        first token (its text, stop strings and logprobs handled as if it had been sampled here)."""
         self.scheduler.admit_prefilled(request_id)
+        self._arrived.append(self._first_tokens.pop(request_id))
 
     def _held(self, request_id: str) -> Sequence:
         seq = self.scheduler.held.get(request_id)

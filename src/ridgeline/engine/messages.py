@@ -8,6 +8,8 @@ pickled, with no engine object inside.
 from dataclasses import dataclass
 
 from ridgeline.engine.admission import AdmittedRequest
+from ridgeline.engine.kv_handoff import KVManifest
+from ridgeline.engine.sampler import TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,7 @@ class AddRequest:
     request: AdmittedRequest
     arrival_time: float  # time.monotonic() when it reached the front end: queue time counts from here
     fork_of: str | None = None  # a request with the same prompt whose prefilled pages this one shares (n > 1)
+    hold_kv: bool = False  # a prefill worker's request: keep its pages once finished, for a decode worker to pull
 
 
 @dataclass(frozen=True)
@@ -27,4 +30,17 @@ class AbortRequest:
     request_id: str
 
 
-EngineMessage = AddRequest | AbortRequest
+@dataclass(frozen=True)
+class ReceiveKV:
+    """A decode worker's request: its prompt was prefilled (and its first token sampled) by a prefill worker at
+    `source_address`, whose pages the manifest names; fetch what the prefix cache lacks, then decode."""
+
+    request_id: str
+    request: AdmittedRequest
+    manifest: KVManifest
+    source_address: str
+    arrival_time: float
+    first_logprobs: TokenLogprobs | None = None
+
+
+EngineMessage = AddRequest | AbortRequest | ReceiveKV

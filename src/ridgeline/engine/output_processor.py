@@ -50,16 +50,11 @@ class OutputProcessor:
     def __len__(self) -> int:
         return len(self._requests)
 
-    def add(self, seq: Sequence, replay: list[int] = ()) -> None:
-        """Track seq's text. `replay`: tokens it already has whose text was sent by another engine (the first token
-        of a disaggregated request): they set the detokenizer and stop checker going without being sent again."""
+    def add(self, seq: Sequence) -> None:
         params = seq.sampling_params
-        state = _RequestText(
+        self._requests[seq.request_id] = _RequestText(
             seq, IncrementalDetokenizer(self.tokenizer), StopChecker(params.stop, params.include_stop_str_in_output),
             [] if params.logprobs is not None else None, [] if params.prompt_logprobs is not None else None)
-        for token_id in replay:
-            state.stop.append(state.detokenizer.push(token_id))
-        self._requests[seq.request_id] = state
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """The final output of an aborted request (None if it is unknown or already finished)."""

@@ -107,6 +107,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
+    def has_runnable(self) -> bool:
+        """Something a step can compute now (not merely sequences whose KV is still arriving)."""
+        return bool(self.running or self.waiting)
+
     def add_request(self, seq: Sequence, fork_of: str | None = None) -> None:
         """Queue seq (checked by engine/admission.py beforehand). With `fork_of`, seq starts with the prompt of that
         request (the n samples of one prompt): it waits until the parent's prompt is computed and then shares

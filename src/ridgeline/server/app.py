@@ -7,16 +7,21 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from ridgeline.cluster.kv_transfer.source import KVSource
+from ridgeline.cluster.kv_transfer.zmq_transport import ZmqKVServer, ZmqTransport, advertised
+from ridgeline.errors import RidgelineError
 from ridgeline.server.async_engine import AsyncEngine
 from ridgeline.server.chat import create_chat_completion
 from ridgeline.server.completions import create_completion
-from ridgeline.server.errors import error_response, install_error_handlers
+from ridgeline.server.disaggregation import ROLES, WorkerRole
+from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.metrics import ServerMetrics
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    KVReleaseRequest,
     ModelCard,
     ModelList,
     TokenizeRequest,
@@ -34,25 +39,42 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 30.0  # on shutdown, seconds in-flight requests get to finish before being aborted
     log_prompts: bool = False
+    role: str = "both"  # "prefill" or "decode": one side of disaggregated serving (server/disaggregation.py)
+    kv_bind: str = "tcp://127.0.0.1:*"  # a prefill worker's KV endpoint (port * = any free port)
+    kv_advertise_host: str | None = None  # the host decode workers reach it at, if not the bound one
+    kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
     """`engine` is a ready LLMEngine; the app drives it from its own thread between startup and shutdown."""
+    if config.role not in ROLES:
+        raise RidgelineError(f"unknown role {config.role!r} (choose from {', '.join(ROLES)})")
     model_name = config.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
-    driver = AsyncEngine(engine, metrics, engine.config.scheduler.max_num_seqs, config.max_waiting)
+    driver = AsyncEngine(engine, metrics, engine.config.scheduler.max_num_seqs, config.max_waiting,
+                         kv_transport=ZmqTransport() if config.role == "decode" else None)
+    role = WorkerRole(config.role)
+    kv_server: ZmqKVServer | None = None
     ctx = ServingContext(
         engine=driver,
         tokenizer=engine.tokenizer,
         admission=engine.admission,
         model_name=model_name,
         log_prompts=config.log_prompts,
+        role=role,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        nonlocal kv_server
         await driver.start()
+        if config.role == "prefill":
+            role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_lock)
+            kv_server = ZmqKVServer(role.kv_source, config.kv_bind)
+            role.kv_address = advertised(kv_server.address, config.kv_advertise_host)
         yield
+        if kv_server is not None:
+            kv_server.close()
         await driver.shutdown(config.drain_timeout)
 
     app = FastAPI(title="ridgeline", lifespan=lifespan)
@@ -90,7 +112,21 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
+        with driver.engine_lock:  # pages freed off the engine thread (a KV source's Done) count at once
+            metrics.observe_engine(engine.stats())
+        if role.kv_source is not None:
+            metrics.kv_pages_sent.set(role.kv_source.num_pages_served)
+            metrics.kv_bytes_sent.set(role.kv_source.num_bytes_served)
+            metrics.kv_held_requests.set(len(engine.scheduler.held))
         return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/v1/kv/release")
+    async def release_kv(request: KVReleaseRequest) -> Response:
+        """A front's word that nobody will collect a request's pages (its client left between prefill and decode)."""
+        if role.kv_source is None:
+            raise APIError(400, "this server is not a prefill worker", "request_id")
+        role.kv_source.drop(request.request_id)
+        return JSONResponse({"released": request.request_id})
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:

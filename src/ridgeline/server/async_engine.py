@@ -11,10 +11,31 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from ridgeline.engine.messages import AbortRequest, AddRequest, EngineMessage
+from dataclasses import dataclass
+
+from ridgeline.cluster.kv_transfer.messages import TransferFailed
+from ridgeline.cluster.kv_transfer.receiver import KVTransport, commit, fetch, reserve
+from ridgeline.engine.kv_handoff import PageRef
+from ridgeline.engine.messages import AbortRequest, AddRequest, EngineMessage, ReceiveKV
 from ridgeline.errors import RidgelineError
 from ridgeline.server.errors import APIError
 from ridgeline.server.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class _KVArrived:
+    """From a fetch thread: a ReceiveKV's pages are here."""
+
+    request_id: str
+    refs: list[PageRef]
+    payloads: list[bytes]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _KVFailed:
+    request_id: str
+    reason: str
 
 
 class EngineDeadError(RuntimeError):
@@ -48,8 +69,14 @@ class Submission:
 
 
 class AsyncEngine:
-    def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int):
+    def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int,
+                 kv_transport: KVTransport | None = None):
         self.engine = engine
+        # Held around every engine call on the engine thread, and by anything else that must touch the engine (a
+        # prefill worker's KV source reading held pages from its own thread).
+        self.engine_lock = threading.Lock()
+        self.kv_transport = kv_transport  # a decode worker's: how it pulls pages from prefill workers
+        self._deferred: list[ReceiveKV] = []  # no pages free for them yet
         self.metrics = metrics
         # Admission bound: at most max_num_seqs running plus max_waiting queued; past it, 503.
         self.capacity = max_num_seqs + max_waiting
@@ -57,7 +84,7 @@ class AsyncEngine:
         self.error: BaseException | None = None
         self._routes: dict[str, tuple[Submission, int]] = {}  # request id -> its submission and choice index
         self._submissions: set[Submission] = set()
-        self._inbox: list[EngineMessage] = []
+        self._inbox: list[EngineMessage | _KVArrived | _KVFailed] = []
         self._wake = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -128,7 +155,7 @@ class AsyncEngine:
                 submission, index = route
                 submission.queue.put_nowait((index, output))
 
-    def _reject(self, request_id: str, error: RidgelineError) -> None:
+    def _reject(self, request_id: str, error: Exception) -> None:
         route = self._routes.get(request_id)
         if route is not None:
             route[0].queue.put_nowait(error)
@@ -143,15 +170,20 @@ class AsyncEngine:
         try:
             while True:
                 with self._wake:
-                    while not self._inbox and not self._stop and not self.engine.has_unfinished():
+                    while not self._inbox and not self._stop and not self.engine.has_work():
+                        if self._deferred:  # KV waiting for free pages: look again soon
+                            self._wake.wait(0.01)
+                            break
                         self._wake.wait()
                     messages, self._inbox = self._inbox, []
                     stopping = self._stop
-                for message in messages:
-                    self._apply(message)
-                if stopping:  # after the shutdown's aborts, so their blocks are back in the pool
-                    return
-                outputs = self.engine.step() if self.engine.has_unfinished() else []
+                with self.engine_lock:
+                    retry, self._deferred = self._deferred, []
+                    for message in retry + messages:
+                        self._apply(message)
+                    if stopping:  # after the shutdown's aborts, so their pages are back in the pool
+                        return
+                    outputs = self.engine.step() if self.engine.has_work() else []
                 self.metrics.observe_engine(self.engine.stats())
                 for output in outputs:
                     if output.finished:
@@ -163,11 +195,52 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"engine failed: {error!r}"))
             raise
 
-    def _apply(self, message: EngineMessage) -> None:
+    def _apply(self, message: EngineMessage | _KVArrived | _KVFailed) -> None:
         if isinstance(message, AddRequest):
             try:
-                self.engine.add_admitted(message.request_id, message.request, message.arrival_time, message.fork_of)
+                self.engine.add_admitted(message.request_id, message.request, message.arrival_time, message.fork_of,
+                                         message.hold_kv)
             except RidgelineError as error:  # the request is at fault, not the engine: fail it alone
                 self._loop.call_soon_threadsafe(self._reject, message.request_id, error)
+        elif isinstance(message, ReceiveKV):
+            self._receive_kv(message)
+        elif isinstance(message, _KVArrived):
+            try:
+                commit(self.engine, message.request_id, message.refs, message.payloads)
+            except RidgelineError:
+                return  # aborted while its pages were on their way: the abort freed them
+            self.metrics.observe_kv_received(len(message.refs), sum(map(len, message.payloads)), message.seconds)
+        elif isinstance(message, _KVFailed):
+            self.engine.abort(message.request_id)
+            self.metrics.kv_transfers_failed.inc()
+            error = APIError(502, f"KV transfer failed: {message.reason}", code="kv_transfer_failed")
+            self._loop.call_soon_threadsafe(self._reject, message.request_id, error)
         else:
             self.engine.abort(message.request_id)  # frees its pages now; its "abort" output comes from the next step
+
+    def _receive_kv(self, message: ReceiveKV) -> None:
+        """Reserve pages on the engine thread, fetch on a thread of its own (the engine keeps stepping), commit back
+        here; no room yet: try again after the next step."""
+        try:
+            refs = reserve(self.engine, message.request_id, message.request, message.manifest, message.first_logprobs)
+        except (TransferFailed, RidgelineError) as error:
+            self._apply(_KVFailed(message.request_id, str(error)))
+            return
+        if refs is None:
+            self._deferred.append(message)
+            return
+        layout = self.engine.kv_layout()
+
+        def pull() -> None:
+            started = time.monotonic()
+            try:
+                payloads = fetch(self.kv_transport, message.source_address, message.manifest, refs, layout)
+            except TransferFailed as error:
+                self._send([_KVFailed(message.request_id, error.reason)])
+                return
+            self._send([_KVArrived(message.request_id, refs, payloads, time.monotonic() - started)])
+
+        if self.kv_transport is None:
+            self._apply(_KVFailed(message.request_id, "this server is not a decode worker (no KV transport)"))
+            return
+        threading.Thread(target=pull, name=f"kv-fetch-{message.request_id}", daemon=True).start()

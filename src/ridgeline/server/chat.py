@@ -19,7 +19,9 @@ from ridgeline.server.protocol import (
     TopLogprob,
     Usage,
 )
-from ridgeline.server.sampling import admit, choice_requests, sampling_params
+from ridgeline.server.disaggregation import engine_requests, offer_prefilled
+from ridgeline.server.errors import APIError
+from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
     SSE_DONE,
     ServingContext,
@@ -46,8 +48,12 @@ class ChatJob:
         params = sampling_params(request, max_tokens=request.max_new_tokens(), logprobs=top_logprobs, prompt_logprobs=None)
         admitted = admit(ctx.admission, self.prompt_ids, params,
                          {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": max_tokens_param})
-        self.engine_requests = choice_requests(self.id, admitted, request.n)
+        self.engine_requests = engine_requests(ctx.role, self.id, admitted, request.n, request.kv_transfer_params)
         self.last: list = [None] * request.n
+        self.holds_kv = any(getattr(r, "hold_kv", False) for r in self.engine_requests)
+        if self.holds_kv and request.stream:
+            raise APIError(400, "a prefill worker answers 'kv_transfer_params' requests whole: set stream to false",
+                           "stream")
 
     def usage(self) -> Usage:
         usage = Usage()
@@ -95,7 +101,8 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
         )
         for i, output in enumerate(job.last)
     ]
-    return ChatCompletionResponse(id=job.id, model=ctx.model_name, choices=choices, usage=job.usage())
+    return ChatCompletionResponse(id=job.id, model=ctx.model_name, choices=choices, usage=job.usage(),
+                                  kv_transfer_params=offer_prefilled(ctx.role, job.last[0]) if job.holds_kv else None)
 
 
 async def _stream(job: ChatJob, submission) -> AsyncIterator[str]:

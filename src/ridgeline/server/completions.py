@@ -8,6 +8,7 @@ from fastapi.responses import StreamingResponse
 
 from ridgeline.model.tokenizer.detokenizer import IncrementalDetokenizer
 from ridgeline.engine.messages import AddRequest
+from ridgeline.server.errors import APIError
 from ridgeline.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -15,7 +16,8 @@ from ridgeline.server.protocol import (
     CompletionResponse,
     Usage,
 )
-from ridgeline.server.sampling import admit, choice_requests, sampling_params
+from ridgeline.server.disaggregation import engine_requests, offer_prefilled
+from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
     SSE_DONE,
     ServingContext,
@@ -78,11 +80,18 @@ class CompletionJob:
         want_prompt_logprobs = request.echo and request.logprobs is not None
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
                                  prompt_logprobs=request.logprobs if want_prompt_logprobs else None)
+        if request.kv_transfer_params and len(self.prompt_ids) > 1:
+            raise APIError(400, "'kv_transfer_params' (disaggregated prefill/decode) needs a single prompt", "prompt")
         self.engine_requests: list[AddRequest] = []
         for prompt_index, ids in enumerate(self.prompt_ids):
             admitted = admit(ctx.admission, ids, params, {"prompt_logprobs": "logprobs"})
-            self.engine_requests += choice_requests(f"{self.id}-{prompt_index}", admitted, request.n)
+            self.engine_requests += engine_requests(ctx.role, f"{self.id}-{prompt_index}", admitted, request.n,
+                                                    request.kv_transfer_params)
         self.last: list = [None] * len(self.engine_requests)  # latest output of each choice
+        self.holds_kv = any(getattr(r, "hold_kv", False) for r in self.engine_requests)
+        if self.holds_kv and request.stream:
+            raise APIError(400, "a prefill worker answers 'kv_transfer_params' requests whole: set stream to false",
+                           "stream")
 
     def prompt_of(self, index: int) -> tuple[str | list[int], list[int]]:
         prompt_index = index // self.request.n
@@ -139,6 +148,7 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
         model=ctx.model_name,
         choices=[job.choice(i, output) for i, output in enumerate(job.last)],
         usage=job.usage(),
+        kv_transfer_params=offer_prefilled(ctx.role, job.last[0]) if job.holds_kv else None,
     )
 
 

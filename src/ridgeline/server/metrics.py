@@ -45,6 +45,15 @@ class ServerMetrics:
         self.num_preemptions = gauge("ridgeline_num_preemptions", "Preemptions so far.")
         self.num_prefilled_tokens = gauge("ridgeline_prefilled_tokens", "Prompt tokens computed so far (prefix-cache hits and the shared prompt of n > 1 skip theirs).")
 
+        # Disaggregated prefill and decode (cluster/kv_transfer): what a decode worker pulled, what a prefill
+        # worker served, and how the front placed each prefill.
+        self.kv_pages_received = counter("ridgeline_kv_transfer_pages_received", "KV pages pulled from prefill workers.")
+        self.kv_bytes_received = counter("ridgeline_kv_transfer_bytes_received", "KV page bytes pulled from prefill workers.")
+        self.kv_transfer_seconds = histogram("ridgeline_kv_transfer_seconds", "Time to pull one request's KV pages.")
+        self.kv_transfers_failed = counter("ridgeline_kv_transfers_failed", "KV transfers that ended in failure.")
+        self.kv_pages_sent = gauge("ridgeline_kv_transfer_pages_sent", "KV pages served to decode workers so far.")
+        self.kv_bytes_sent = gauge("ridgeline_kv_transfer_bytes_sent", "KV page bytes served to decode workers so far.")
+        self.kv_held_requests = gauge("ridgeline_kv_held_requests", "Requests whose KV pages wait to be collected.")
         self.prompt_tokens = counter("ridgeline_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("ridgeline_generation_tokens", "Output tokens of finished requests.")
         self._finished = Counter(
@@ -65,6 +74,11 @@ class ServerMetrics:
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
         self.num_preemptions.set(stats.num_preemptions)
         self.num_prefilled_tokens.set(stats.num_prefilled_tokens)
+
+    def observe_kv_received(self, pages: int, num_bytes: int, seconds: float) -> None:
+        self.kv_pages_received.inc(pages)
+        self.kv_bytes_received.inc(num_bytes)
+        self.kv_transfer_seconds.observe(seconds)
 
     def observe_finished(self, output) -> None:
         """Histograms and counters from one finished `RequestOutput`."""

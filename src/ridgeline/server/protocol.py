@@ -50,6 +50,8 @@ class SamplingFields(RequestModel):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    # Disaggregated prefill/decode, as vLLM's P/D connectors name it (server/disaggregation.py)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _usage_options_need_stream(self) -> "SamplingFields":
@@ -113,6 +115,10 @@ class ChatMessage(RequestModel):
 
 class ResponseFormat(RequestModel):
     type: str
+
+
+class KVReleaseRequest(RequestModel):
+    request_id: str
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -229,6 +235,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill worker's: where a decode worker pulls the KV
 
 
 class TopLogprob(BaseModel):
@@ -264,6 +271,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill worker's: where a decode worker pulls the KV
 
 
 class ChatDelta(BaseModel):

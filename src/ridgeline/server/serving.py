@@ -6,7 +6,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -15,6 +15,7 @@ from ridgeline.engine.admission import Admission
 from ridgeline.errors import RidgelineError
 from ridgeline.model.tokenizer.base import Tokenizer
 from ridgeline.server.async_engine import AsyncEngine, Submission
+from ridgeline.server.disaggregation import WorkerRole
 from ridgeline.server.errors import APIError, api_error, error_body
 from ridgeline.server.protocol import Usage
 
@@ -28,6 +29,7 @@ class ServingContext:
     admission: Admission  # the engine's one admission check (pure: safe to call on the event loop)
     model_name: str
     log_prompts: bool = False
+    role: WorkerRole = field(default_factory=WorkerRole)  # disaggregated prefill/decode, or both
 
     @property
     def max_model_len(self) -> int:

@@ -6,7 +6,8 @@ The header says what the page frames are, so bytes on the wire = the pages' byte
 import json
 from dataclasses import dataclass
 
-from ridgeline.engine.kv_handoff import PageRef
+from ridgeline.engine.kv_handoff import KVManifest, PageRef
+from ridgeline.engine.sampler import TokenLogprobs
 
 
 class TransferFailed(RuntimeError):
@@ -89,3 +90,34 @@ def decode(frame: bytes) -> Message:
     except (ValueError, KeyError, TypeError) as error:
         raise TransferFailed(f"malformed KV transfer message: {error}") from None
     raise TransferFailed(f"unknown KV transfer message type {kind!r}")
+
+
+def manifest_to_json(manifest: KVManifest) -> dict:
+    """A manifest as JSON, for a prefill worker's answer (`kv_transfer_params`) that a front hands the decode worker."""
+    return {"request_id": manifest.request_id, "prompt_token_ids": list(manifest.prompt_token_ids),
+            "first_token_id": manifest.first_token_id, "pages": [_ref(ref) for ref in manifest.pages],
+            "layout_digest": manifest.layout_digest, "num_cached_tokens": manifest.num_cached_tokens}
+
+
+def manifest_from_json(body: dict) -> KVManifest:
+    try:
+        return KVManifest(str(body["request_id"]), tuple(int(t) for t in body["prompt_token_ids"]),
+                          int(body["first_token_id"]), tuple(_unref(ref) for ref in body["pages"]),
+                          str(body["layout_digest"]), int(body.get("num_cached_tokens", 0)))
+    except (KeyError, TypeError, ValueError) as error:
+        raise TransferFailed(f"malformed KV manifest: {error!r}") from None
+
+
+def logprobs_to_json(entry: TokenLogprobs | None) -> dict | None:
+    return None if entry is None else {"token_id": entry.token_id, "logprob": entry.logprob,
+                                       "top_token_ids": entry.top_token_ids, "top_logprobs": entry.top_logprobs}
+
+
+def logprobs_from_json(body: dict | None) -> TokenLogprobs | None:
+    if body is None:
+        return None
+    try:
+        return TokenLogprobs(int(body["token_id"]), float(body["logprob"]), [int(t) for t in body["top_token_ids"]],
+                             [float(v) for v in body["top_logprobs"]])
+    except (KeyError, TypeError, ValueError) as error:
+        raise TransferFailed(f"malformed first-token logprobs: {error!r}") from None

@@ -7,7 +7,8 @@ from typing import Protocol
 
 from ridgeline.cluster.kv_transfer.messages import Failed, Message, Pages, Pull, TransferFailed
 from ridgeline.engine.admission import AdmittedRequest
-from ridgeline.engine.kv_handoff import KVHandoffError, KVManifest, payload_digest
+from ridgeline.engine.kv_handoff import KVHandoffError, KVLayout, KVManifest, PageRef, payload_digest
+from ridgeline.engine.sampler import TokenLogprobs
 
 
 class KVTransport(Protocol):
@@ -37,23 +38,37 @@ def verify(pull: Pull, reply: Message, frames: list[bytes], page_bytes: int) -> 
     return frames
 
 
-def receive(engine, transport: KVTransport, address: str, request_id: str, request: AdmittedRequest,
-            manifest: KVManifest) -> Received | None:
-    """Bring a request prefilled elsewhere into `engine`, ready to decode from its next step. None: no room now
-    (nothing was reserved; try again later). On TransferFailed the reserved pages are freed before it propagates."""
+def reserve(engine, request_id: str, request: AdmittedRequest, manifest: KVManifest,
+            first_logprobs: TokenLogprobs | None = None) -> list[PageRef] | None:
+    """On the engine's thread: pages for the request, and which of them to fetch (None: no room now)."""
     try:
-        refs = engine.receive_kv(request_id, request, manifest)
+        return engine.receive_kv(request_id, request, manifest, first_logprobs=first_logprobs)
     except KVHandoffError as error:
         raise TransferFailed(str(error)) from error
+
+
+def fetch(transport: KVTransport, address: str, manifest: KVManifest, refs: list[PageRef], layout: KVLayout) -> list[bytes]:
+    """On any thread: the pages' bytes from the prefill side (which names the request by its own id)."""
+    return transport.fetch(address, Pull(manifest.request_id, layout.digest(), tuple(refs)), layout.page_bytes)
+
+
+def commit(engine, request_id: str, refs: list[PageRef], payloads: list[bytes]) -> None:
+    """On the engine's thread: write the pages; the request decodes from the next step."""
+    engine.write_kv_pages(request_id, refs, payloads)
+    engine.commit_kv(request_id)
+
+
+def receive(engine, transport: KVTransport, address: str, request_id: str, request: AdmittedRequest,
+            manifest: KVManifest, first_logprobs: TokenLogprobs | None = None) -> Received | None:
+    """reserve -> fetch -> commit in one call, for callers on the engine's thread. None: no room now (nothing was
+    reserved; try again later). On TransferFailed the reserved pages are freed before it propagates."""
+    refs = reserve(engine, request_id, request, manifest, first_logprobs)
     if refs is None:
         return None
-    layout = engine.kv_layout()
     try:
-        payloads = transport.fetch(address, Pull(request_id, layout.digest(), tuple(refs)), layout.page_bytes)
-        engine.write_kv_pages(request_id, refs, payloads)
+        payloads = fetch(transport, address, manifest, refs, engine.kv_layout())
+        commit(engine, request_id, refs, payloads)
     except BaseException:
         engine.abort(request_id)  # frees the reserved pages at once
         raise
-    engine.commit_kv(request_id)
-    offered = len(manifest.pages)
-    return Received(len(refs), offered - len(refs), sum(map(len, payloads)))
+    return Received(len(refs), len(manifest.pages) - len(refs), sum(map(len, payloads)))

@@ -28,6 +28,8 @@ class KVSource:
         self._leases: dict[str, float] = {}  # request id -> when its lease lapses
         self.num_released = 0
         self.num_lapsed = 0
+        self.num_pages_served = 0
+        self.num_bytes_served = 0
 
     def offer(self, request_id: str) -> KVManifest:
         """The manifest of a finished hold_kv request (for the decode side), starting its lease."""
@@ -58,6 +60,8 @@ class KVSource:
             except (KVHandoffError, IndexError) as error:
                 self.drop(request_id)
                 return Failed(request_id, f"cannot read the pages asked for: {error}"), []
+            self.num_pages_served += len(payloads)
+            self.num_bytes_served += sum(map(len, payloads))
             return Pages(request_id, message.pages, tuple(payload_digest(p) for p in payloads)), payloads
         if isinstance(message, (Done, Failed)):
             self.drop(request_id)
@@ -71,8 +75,15 @@ class KVSource:
             self.num_released += 1
 
     def expire(self) -> list[str]:
-        """Free the pages of every lapsed lease; returns their request ids."""
+        """Free the pages of every lapsed lease, and of held requests never offered (their answer never went out:
+        the client left first) once a lease's time has passed since they finished; returns their request ids."""
         now = self._clock()
+        with self._lock:
+            never_offered = [request_id for request_id, seq in self.engine.scheduler.held.items()
+                             if request_id not in self._leases and seq.finish_time is not None
+                             and seq.finish_time + self.lease_seconds <= time.monotonic()]
+            for request_id in never_offered:
+                self.engine.release_kv(request_id)
         lapsed = [request_id for request_id, deadline in self._leases.items() if deadline <= now]
         for request_id in lapsed:
             self.drop(request_id)

@@ -104,3 +104,11 @@ class ZmqTransport:
                 if event in _PEER_GONE:
                     raise TransferFailed(f"{_PEER_GONE[event]} at {address}")
         raise TransferFailed(f"no answer from the prefill side at {address} within {self.timeout:g} s")
+
+
+def advertised(bound: str, host: str | None) -> str:
+    """The address peers should dial for a socket bound at `bound` (tcp://0.0.0.0:PORT is no address to dial)."""
+    if host is None:
+        return bound
+    port = bound.rsplit(":", 1)[1]
+    return f"tcp://{host}:{port}"

@@ -1,0 +1,161 @@
+"""`ridgeline proxy`: one OpenAI endpoint in front of prefill and decode workers (`ridgeline serve --role ...`).
+
+Each request goes to a prefill worker with max_tokens=1 and `kv_transfer_params.do_remote_decode`, then to a decode
+worker with the `kv_transfer_params` the prefill worker answered; the decode worker pulls the KV pages and streams
+the whole answer, so the client sees an ordinary response or stream (usage, logprobs, stop strings as colocated;
+TTFT includes the transfer). Conditional disaggregation: a prompt shorter than `local_prefill_tokens` (below it the
+transfer costs more than the prefill saves, see `ridgeline advise`), or one that needs what only a full prefill on
+the decode side gives (n > 1, echo, several prompts), is sent to the decode worker alone, which prefills it itself.
+
+Failures end explicitly: an error from a worker is passed on as it came; a decode worker that dies mid-stream ends
+the stream with an error event; a client that leaves between prefill and decode gets its pages released at once.
+"""
+
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from ridgeline.server.errors import error_response
+
+logger = logging.getLogger("ridgeline.server.front")
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    prefill_urls: tuple[str, ...]
+    decode_urls: tuple[str, ...]
+    local_prefill_tokens: int = 64  # prompts shorter than this are prefilled on the decode worker
+    timeout: float = 600.0
+
+
+class DisaggregatedFront:
+    def __init__(self, config: FrontConfig):
+        if not config.prefill_urls or not config.decode_urls:
+            raise ValueError("a disaggregated front needs at least one prefill and one decode worker")
+        self.config = config
+        self._prefill = itertools.cycle(config.prefill_urls)
+        self._decode = itertools.cycle(config.decode_urls)
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=5.0))
+        self.registry = CollectorRegistry()
+        self.placements = Counter("ridgeline_front_prefills", "Prefills by where they ran: on a prefill worker "
+                                  "(remote) or on the decode worker (local).", ["placement"], registry=self.registry)
+        self.failures = Counter("ridgeline_front_failures", "Requests that ended in a worker's error.", ["stage"],
+                                registry=self.registry)
+
+    async def handle(self, path: str, raw: Request) -> Response:
+        body = await raw.json()
+        decode_url = next(self._decode)
+        if not await self._worth_a_remote_prefill(body, decode_url):
+            self.placements.labels("local").inc()
+            return await self._forward(decode_url, path, body)
+        self.placements.labels("remote").inc()
+        prefill_url = next(self._prefill)
+        prefill_body = {**body, "stream": False, "stream_options": None, "max_tokens": 1,
+                        "kv_transfer_params": {"do_remote_decode": True}}
+        if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
+            prefill_body["max_completion_tokens"] = 1
+            prefill_body.pop("max_tokens")
+        try:
+            prefilled = await self.client.post(f"{prefill_url}{path}", json=prefill_body)
+        except httpx.HTTPError as error:
+            self.failures.labels("prefill").inc()
+            return error_response(502, f"prefill worker {prefill_url} failed: {error!r}", code="prefill_failed")
+        if prefilled.status_code != 200:
+            self.failures.labels("prefill").inc()
+            return Response(prefilled.content, prefilled.status_code, media_type="application/json")
+        kv = prefilled.json().get("kv_transfer_params")
+        if kv is None:  # finished at its first token: the decode worker redoes the (rare) whole request itself
+            return await self._forward(decode_url, path, body)
+        if await raw.is_disconnected():
+            await self._release(prefill_url, kv)
+            return Response(status_code=204)
+        return await self._forward(decode_url, path, {**body, "kv_transfer_params": {**kv, "do_remote_prefill": True}},
+                                   on_unsent=lambda: self._release(prefill_url, kv))
+
+    async def _worth_a_remote_prefill(self, body: dict, decode_url: str) -> bool:
+        if body.get("n", 1) != 1 or body.get("echo") or (body.get("max_tokens") == 1):
+            return False
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            return False  # several prompts in one request
+        try:
+            ask = {"messages": body["messages"]} if "messages" in body else {"prompt": prompt}
+            counted = await self.client.post(f"{decode_url}/tokenize", json=ask)
+            return counted.status_code == 200 and counted.json()["count"] >= self.config.local_prefill_tokens
+        except (httpx.HTTPError, KeyError, ValueError):
+            return False  # let the decode worker answer whatever is wrong with it
+
+    async def _release(self, prefill_url: str, kv: dict) -> None:
+        try:
+            await self.client.post(f"{prefill_url}/v1/kv/release", json={"request_id": kv["manifest"]["request_id"]})
+        except httpx.HTTPError:
+            logger.warning("could not release KV at %s; its lease will", prefill_url)
+
+    async def _forward(self, url: str, path: str, body: dict, on_unsent=None) -> Response:
+        request = self.client.build_request("POST", f"{url}{path}", json=body)
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except httpx.HTTPError as error:
+            self.failures.labels("decode").inc()
+            if on_unsent is not None:
+                await on_unsent()
+            return error_response(502, f"decode worker {url} failed: {error!r}", code="decode_failed")
+        if not body.get("stream") or upstream.status_code != 200:
+            content = await upstream.aread()
+            await upstream.aclose()
+            return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"))
+        return StreamingResponse(self._relay(upstream, url), media_type="text/event-stream")
+
+    async def _relay(self, upstream: httpx.Response, url: str) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as error:  # the decode worker died mid-stream: end with an error, never hang
+            self.failures.labels("decode").inc()
+            message = {"error": {"message": f"decode worker {url} failed mid-stream: {error!r}",
+                                 "type": "server_error", "param": None, "code": "decode_failed"}}
+            yield f"data: {json.dumps(message)}\n\ndata: [DONE]\n\n".encode()
+        finally:
+            await upstream.aclose()
+
+
+def create_front_app(config: FrontConfig) -> FastAPI:
+    front = DisaggregatedFront(config)
+    app = FastAPI(title="ridgeline disaggregated front")
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request) -> Response:
+        return await front.handle("/v1/completions", raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request) -> Response:
+        return await front.handle("/v1/chat/completions", raw)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        answer = await front.client.get(f"{config.decode_urls[0]}/v1/models")
+        return JSONResponse(answer.json(), answer.status_code)
+
+    @app.get("/health")
+    async def health() -> Response:
+        for url in (*config.prefill_urls, *config.decode_urls):
+            try:
+                if (await front.client.get(f"{url}/health", timeout=5.0)).status_code != 200:
+                    return error_response(503, f"worker {url} is unhealthy")
+            except httpx.HTTPError:
+                return error_response(503, f"worker {url} is unreachable")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(front.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.state.front = front
+    return app

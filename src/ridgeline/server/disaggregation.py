@@ -1,0 +1,68 @@
+"""A worker's side of disaggregated prefill and decode, in the request fields vLLM's P/D connectors use.
+
+A front sends the client's request to a prefill worker (`--role prefill`) with max_tokens=1 and
+`kv_transfer_params: {"do_remote_decode": true}`: the worker computes the prompt and the first token, keeps the
+pages under a lease, and answers with `kv_transfer_params` naming them (its KV address, the manifest, the first
+token's logprobs). The front then sends the same request to a decode worker (`--role decode`) with those
+`kv_transfer_params` plus `"do_remote_prefill": true`: the decode worker admits it as usual, pulls the pages its
+prefix cache lacks, and streams the whole answer from the first token on, so text, stop strings, logprobs and
+usage are computed in one place, exactly as when colocated.
+"""
+
+import time
+from dataclasses import dataclass
+
+from ridgeline.cluster.kv_transfer.messages import (TransferFailed, logprobs_from_json, logprobs_to_json,
+                                                    manifest_from_json, manifest_to_json)
+from ridgeline.cluster.kv_transfer.source import KVSource
+from ridgeline.engine.admission import AdmittedRequest
+from ridgeline.engine.messages import AddRequest, ReceiveKV
+from ridgeline.server.errors import APIError
+from ridgeline.server.sampling import choice_requests
+
+ROLES = ("both", "prefill", "decode")
+
+
+@dataclass
+class WorkerRole:
+    name: str = "both"
+    kv_source: KVSource | None = None  # a prefill worker's held pages
+    kv_address: str | None = None  # where decode workers pull them (tcp://host:port)
+
+
+def engine_requests(role: WorkerRole, request_id: str, admitted: AdmittedRequest, n: int,
+                    kv_params: dict | None) -> list[AddRequest | ReceiveKV]:
+    """The engine messages for one prompt's n choices, as this worker's role and the request's kv params say."""
+    if not kv_params or not (kv_params.get("do_remote_decode") or kv_params.get("do_remote_prefill")):
+        return choice_requests(request_id, admitted, n)
+    if n != 1:
+        raise APIError(400, "'kv_transfer_params' (disaggregated prefill/decode) needs n=1", "n")
+    if kv_params.get("do_remote_decode"):
+        if role.name != "prefill":
+            raise APIError(400, f"this server's role is {role.name!r}: only a prefill worker keeps KV for a decode "
+                                "worker", "kv_transfer_params")
+        return [AddRequest(f"{request_id}-0", admitted, time.monotonic(), hold_kv=True)]
+    if role.name != "decode":
+        raise APIError(400, f"this server's role is {role.name!r}: only a decode worker pulls KV from a prefill "
+                            "worker", "kv_transfer_params")
+    try:
+        manifest = manifest_from_json(kv_params["manifest"])
+        address = str(kv_params["remote_address"])
+        first = logprobs_from_json(kv_params.get("first_logprobs"))
+    except (KeyError, TypeError, TransferFailed) as error:
+        raise APIError(400, f"malformed 'kv_transfer_params': {error}", "kv_transfer_params") from None
+    return [ReceiveKV(f"{request_id}-0", admitted, manifest, address, time.monotonic(), first)]
+
+
+def offer_prefilled(role: WorkerRole, output) -> dict | None:
+    """A prefill worker's answer for a finished hold_kv request: where and what to pull. A request that ended
+    before the decode worker has anything to do (EOS or a stop string at the first token) frees its pages now."""
+    if role.kv_source is None:
+        return None
+    manifest = role.kv_source.offer(output.request_id)
+    if output.finish_reason != "length":
+        role.kv_source.drop(output.request_id)
+        return None
+    first = output.logprobs[0] if output.logprobs else None
+    return {"remote_address": role.kv_address, "manifest": manifest_to_json(manifest),
+            "first_logprobs": logprobs_to_json(first)}

@@ -1,0 +1,162 @@
+"""Disaggregated serving end to end: `ridgeline proxy` in front of a prefill worker and a decode worker (real
+servers on loopback, the official `openai` client), against a colocated server on the same tiny model. Greedy
+answers, streamed or whole, chat or completions, are the colocated ones; usage counts the same; KV pages moved
+between the workers; and every failure -- a dead prefill worker, a client gone between prefill and decode, a
+decode worker killed mid-stream -- ends in an explicit error with no page leaked on any worker."""
+
+import contextlib
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from server_helpers import tiny_engine, tiny_model_path
+
+from ridgeline.server.app import ServerConfig, create_app
+from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
+from ridgeline.server.launcher import BackgroundServer
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog " * 3, "Once upon a time there was a tiny model",
+           "The quick brown fox jumps over the lazy dog " * 3 + "and then it ran", "a b c d e f g h i j k l m n o p"]
+
+
+def serve(role: str = "both", **options):
+    return BackgroundServer(create_app(tiny_engine(), ServerConfig(role=role, **options)))
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def assert_no_pages_leaked(*urls: str) -> None:
+    for url in urls:
+        assert metric(url, "ridgeline_kv_cache_free_pages") == metric(url, "ridgeline_kv_cache_total_pages"), url
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with serve("prefill") as prefill, serve("decode") as decode, serve() as colocated:
+        front = create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))
+        with BackgroundServer(front) as proxy:
+            yield prefill.url, decode.url, colocated.url, proxy.url
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def completion_text(url: str, prompt: str, stream: bool, **extra) -> tuple[str, object]:
+    api = client(url)
+    kwargs = dict(model=api.models.list().data[0].id, prompt=prompt, max_tokens=10, temperature=0,
+                  extra_body={"ignore_eos": True}, **extra)
+    if not stream:
+        response = api.completions.create(**kwargs)
+        return response.choices[0].text, response.usage
+    chunks = list(api.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    return "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_greedy_completions_through_the_front_equal_colocated(cluster, stream):
+    prefill, decode, colocated, proxy = cluster
+    received_before = metric(decode, "ridgeline_kv_transfer_pages_received_total")
+    for prompt in PROMPTS:
+        assert completion_text(proxy, prompt, stream) == completion_text(colocated, prompt, stream)
+    assert metric(decode, "ridgeline_kv_transfer_pages_received_total") > received_before
+    assert metric(proxy, "ridgeline_front_prefills_total") >= len(PROMPTS)
+    assert_no_pages_leaked(prefill, decode)
+    assert metric(prefill, "ridgeline_kv_held_requests") == 0
+
+
+def test_chat_with_logprobs_and_stop_strings_equals_colocated(cluster):
+    prefill, decode, colocated, proxy = cluster
+
+    def ask(url: str):
+        api = client(url)
+        response = api.chat.completions.create(
+            model=api.models.list().data[0].id, messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=12,
+            temperature=0, logprobs=True, top_logprobs=2, stop=["zz"], extra_body={"ignore_eos": True})
+        choice = response.choices[0]
+        return (choice.message.content, choice.finish_reason, response.usage.completion_tokens,
+                [(e.token, round(e.logprob, 4), [t.token for t in e.top_logprobs]) for e in choice.logprobs.content])
+
+    assert ask(proxy) == ask(colocated)
+    assert_no_pages_leaked(prefill, decode)
+
+
+def test_a_prefill_worker_gone_before_the_pull_fails_the_request_cleanly():
+    with serve("decode") as decode:
+        with serve("prefill") as prefill:
+            answer = httpx.post(f"{prefill.url}/v1/completions", json={
+                "prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0,
+                "kv_transfer_params": {"do_remote_decode": True}}).json()
+        kv = answer["kv_transfer_params"]  # the prefill worker is gone now
+        started = time.monotonic()
+        failed = httpx.post(f"{decode.url}/v1/completions", json={
+            "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0,
+            "kv_transfer_params": {**kv, "do_remote_prefill": True}}, timeout=30)
+        assert time.monotonic() - started < 5
+        assert failed.status_code == 502 and failed.json()["error"]["code"] == "kv_transfer_failed"
+        assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
+        assert_no_pages_leaked(decode.url)
+
+
+def test_a_client_gone_between_prefill_and_decode_releases_the_pages(cluster):
+    prefill, decode, _, _ = cluster
+    answer = httpx.post(f"{prefill}/v1/completions", json={
+        "prompt": PROMPTS[2], "max_tokens": 1, "temperature": 0, "kv_transfer_params": {"do_remote_decode": True}}).json()
+    assert metric(prefill, "ridgeline_kv_held_requests") == 1
+    httpx.post(f"{prefill}/v1/kv/release", json={"request_id": answer["kv_transfer_params"]["manifest"]["request_id"]})
+    assert metric(prefill, "ridgeline_kv_held_requests") == 0
+    assert_no_pages_leaked(prefill)
+
+
+def test_kv_params_on_the_wrong_role_are_refused(cluster):
+    _, decode, colocated, _ = cluster
+    for url, params in ((colocated, {"do_remote_decode": True}), (decode, {"do_remote_decode": True}),
+                        (colocated, {"do_remote_prefill": True})):
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 1,
+                                                           "kv_transfer_params": params})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "kv_transfer_params"
+
+
+@contextlib.contextmanager
+def decode_process():
+    command = [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(tiny_model_path()),
+               "--port", "0", "--kv-cache-memory", "10MiB", "--kv-cache-dtype", "fp32", "--role", "decode"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = None, time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line and process.poll() is not None:
+                break
+            if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
+                url = match.group(1)
+        assert url, "the decode worker did not start"
+        yield process, url
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_decode_worker_killed_mid_stream_ends_the_stream_with_an_error():
+    with serve("prefill") as prefill, decode_process() as (process, decode):
+        front = create_front_app(FrontConfig((prefill.url,), (decode,), local_prefill_tokens=1))
+        with BackgroundServer(front) as proxy:
+            api = client(proxy.url)
+            stream = api.completions.create(model=api.models.list().data[0].id, prompt=PROMPTS[0], max_tokens=450,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
+            received = []
+            with pytest.raises(openai.APIError, match="decode worker"):
+                for chunk in stream:
+                    received.append(chunk)
+                    if len(received) == 3:
+                        process.kill()
+            assert len(received) >= 3
+        assert_no_pages_leaked(prefill.url)
