@@ -1,10 +1,11 @@
 """The OpenAI-compatible API end to end: a real server on a loopback port, driven by the official `openai` client."""
 
 import httpx
+import jinja2
 import openai
 import pytest
 
-from server_helpers import serve_tiny_model
+from server_helpers import CHAT_TEMPLATE, serve_tiny_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 GREEDY = {"temperature": 0.0}
@@ -179,6 +180,21 @@ def test_models_health_tokenize_detokenize(server, model):
     assert httpx.post(f"{server.url}/detokenize", json={"tokens": ids}).json()["prompt"] == PROMPT
     chat_ids = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": PROMPT}]}).json()
     assert chat_ids["count"] == len(chat_ids["tokens"]) > len(ids)
+
+
+def test_tokenizer_info_is_what_a_remote_tokenizer_needs(server):
+    """lm-eval's tokenizer_backend=remote reads the special tokens and chat template here, and tokenizes through
+    /tokenize: the served tokenizer, with no tokenizer files on the client."""
+    info = httpx.get(f"{server.url}/tokenizer_info").json()
+    assert info["tokenizer_class"] == "HfTokenizer"
+    assert (info["bos_token"], info["eos_token"], info["add_bos_token"]) == ("<s>", "</s>", True)
+    assert info["chat_template"] == CHAT_TEMPLATE
+    assert info["model_max_length"] == httpx.get(f"{server.url}/v1/models").json()["data"][0]["max_model_len"]
+    rendered = jinja2.Template(info["chat_template"]).render(messages=[{"role": "user", "content": PROMPT}],
+                                                             add_generation_prompt=True)
+    served = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": PROMPT}]}).json()
+    decoded = httpx.post(f"{server.url}/detokenize", json={"tokens": served["tokens"]}).json()["prompt"]
+    assert decoded == rendered.replace("<|end|>", "")  # the client renders what chat requests get (less specials)
 
 
 def test_metrics_count_what_was_served(server, client, model):

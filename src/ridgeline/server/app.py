@@ -1,4 +1,5 @@
-"""The FastAPI application: OpenAI-compatible routes over one engine, plus health, metrics and (de)tokenize."""
+"""The FastAPI application: OpenAI-compatible routes over one engine, plus health, metrics, (de)tokenize and
+the tokenizer's configuration."""
 
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from ridgeline.server.protocol import (
     TokenizeRequest,
 )
 from ridgeline.server.serving import ServingContext
+from ridgeline.server.tokenizer_info import tokenizer_info
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         else:
             tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False)
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len})
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info() -> Response:
+        return respond(tokenizer_info(ctx.tokenizer, ctx.max_model_len))
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> Response:

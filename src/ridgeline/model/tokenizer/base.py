@@ -70,19 +70,25 @@ class Tokenizer(ABC):
         text = data.decode("utf-8", errors="replace")
         return text[1:] if self.strip_leading_space and text.startswith(" ") else text
 
+    @property
+    def effective_chat_template(self) -> str:
+        """The template chat requests are rendered with: the file's own, else the built-in Gemma one."""
+        return self.chat_template or GEMMA_TEMPLATE
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The chat prompt as text, to be encoded with special=True (encode adds the BOS, so the text has none)."""
-        bos_token = self._token_text(self.bos_id)
+        bos_token = self.token_text(self.bos_id)
         text = render_chat_template(
-            self.chat_template or GEMMA_TEMPLATE,
+            self.effective_chat_template,
             messages,
             bos_token=bos_token,
-            eos_token=self._token_text(self.eos_id),
+            eos_token=self.token_text(self.eos_id),
             add_generation_prompt=add_generation_prompt,
         )
         if self.add_bos and bos_token and text.startswith(bos_token):
             text = text[len(bos_token) :]  # templates write the BOS too; two would confuse the model
         return text
 
-    def _token_text(self, token_id: int | None) -> str:
+    def token_text(self, token_id: int | None) -> str:
+        """A token as text (a special token's own text, e.g. <eos>); empty for None."""
         return "" if token_id is None else self.token_bytes(token_id).decode("utf-8", errors="replace")
