@@ -16,8 +16,8 @@ from pathlib import Path
 
 from llamacpp_env import CPU_LOCK, llamacpp_python
 
+from ridgeline.bench.bench_latency import LatencyConfig, run_latency
 from ridgeline.model.checkpoint import resolve_model_path
-from ridgeline.perf.bench_latency import LatencyConfig, run_latency
 
 WORKER = Path(__file__).resolve().parent / "llamacpp_worker.py"
 TARGETS = {"pp": 0.8, "tg": 1.0}

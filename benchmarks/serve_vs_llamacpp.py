@@ -29,9 +29,9 @@ import httpx
 from llamacpp_env import CPU_LOCK, LLAMA_CPP_PYTHON, llamacpp_python
 from llamacpp_tools import llama_server
 
-import ridgeline.perf.bench_serve as bench_serve_library
+import ridgeline.bench.bench_serve as bench_serve_library
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
-from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 
 THROUGHPUT_TARGET = 1.5  # x llama-server's aggregate output tok/s
 

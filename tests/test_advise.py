@@ -8,15 +8,15 @@ from typer.testing import CliRunner
 from ridgeline.cli import _register_commands
 from ridgeline.cli.app import app
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.advise import EFFICIENCY, RequestShape, advise, advise_one
-from ridgeline.perf.hardware import catalogue, get_hardware
-from ridgeline.perf.model_specs import model_spec
-from ridgeline.perf.roofline import Roofline
+from ridgeline.napkin.advise import EFFICIENCY, RequestShape, advise, advise_one
+from ridgeline.napkin.hardware import catalogue, catalogued
+from ridgeline.napkin.model_specs import model_spec
+from ridgeline.napkin.roofline import Roofline
 
 
 def test_rule_one_decode_is_half_of_bandwidth_over_bytes_per_token():
     shape = model_spec("llama-2-7b").shape("Q4_0")
-    m1_max = get_hardware("apple-m1-max")
+    m1_max = catalogued("apple-m1-max")
     advice = advise_one(shape, m1_max, RequestShape(prompt_tokens=1, output_tokens=1))
     bytes_per_token = Roofline(shape, m1_max).decode_bytes_per_token(context=1)
     assert advice.tokens_per_s_per_stream == pytest.approx(EFFICIENCY * m1_max.bandwidth / bytes_per_token)
@@ -26,7 +26,7 @@ def test_rule_one_decode_is_half_of_bandwidth_over_bytes_per_token():
 def test_rule_two_long_prompts_are_prefill_bound_and_favour_compute_over_bandwidth():
     shape = model_spec("llama-3.1-8b").shape("Q4_K_M")
     coding_agent = RequestShape(prompt_tokens=40_000, output_tokens=200)
-    spark, m4_max = get_hardware("nvidia-dgx-spark"), get_hardware("apple-m4-max")
+    spark, m4_max = catalogued("nvidia-dgx-spark"), catalogued("apple-m4-max")
     on_spark, on_mac = advise_one(shape, spark, coding_agent), advise_one(shape, m4_max, coding_agent)
     assert m4_max.bandwidth > spark.bandwidth and spark.flops() > m4_max.flops()
     assert on_mac.tokens_per_s_per_stream > on_spark.tokens_per_s_per_stream  # the Mac wins decode...
@@ -51,7 +51,7 @@ def test_ranking_puts_fitting_machines_first_fastest_first_and_explains_the_rest
 
 def test_concurrency_multiplies_total_throughput_and_kv_can_be_what_does_not_fit():
     shape = model_spec("llama-3.1-8b").shape("Q4_K_M")
-    m4_pro = get_hardware("apple-m4-pro-48gb")
+    m4_pro = catalogued("apple-m4-pro-48gb")
     one, sixteen = (advise_one(shape, m4_pro, RequestShape(1000, 1000, c)) for c in (1, 16))
     # Batching multiplies throughput until decode crosses the M4 Pro's low ridge (31 FLOP/byte).
     assert one.decode_side == "memory" and sixteen.decode_side == "compute"

@@ -18,12 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from typer.testing import CliRunner
 
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, check_target
+from ridgeline.bench.serve_metrics import Slo
 from ridgeline.cli import _register_commands
 from ridgeline.cli.app import app as cli_app
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve, check_target
-from ridgeline.perf.measured import parse_points
-from ridgeline.perf.serve_metrics import Slo
+from ridgeline.napkin.measured import parse_points
 
 OUTPUT_LEN = 8
 

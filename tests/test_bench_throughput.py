@@ -7,15 +7,15 @@ import pytest
 from tiny_models import build_hf_model, save_tokenizer
 from typer.testing import CliRunner
 
+from ridgeline.bench import bench_throughput
+from ridgeline.bench.bench_throughput import ThroughputConfig, run_throughput
+from ridgeline.bench.model_source import load_model_shape
 from ridgeline.cli.bench_throughput import parse_batch_sizes
 from ridgeline.cli.engine_options import engine_config
 from ridgeline.errors import RidgelineError
-from ridgeline.perf import bench_throughput
-from ridgeline.perf.bench_throughput import ThroughputConfig, run_throughput
-from ridgeline.perf.hardware import THIS_MACHINE, Hardware
-from ridgeline.perf.measured import parse_points
-from ridgeline.perf.model_source import load_model_shape
-from ridgeline.perf.roofline import Roofline
+from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
+from ridgeline.napkin.measured import parse_points
+from ridgeline.napkin.roofline import Roofline
 
 FAKE_MACHINE = Hardware(THIS_MACHINE, "fake machine", bandwidth=20e9, memory_bytes=8e9,
                         dense_flops={"fp32": 100e9}, default_precision="fp32")

@@ -7,11 +7,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from ridgeline.bench import measure, this_machine
 from ridgeline.cli import _register_commands
 from ridgeline.cli.app import app
-from ridgeline.perf import hardware, measure
-from ridgeline.perf.hardware import THIS_MACHINE, catalogue, catalogue_version, get_hardware, observations
-from ridgeline.perf.measured import parse_points
+from ridgeline.napkin.hardware import catalogue, catalogue_version, observations
+from ridgeline.napkin.measured import parse_points
 
 REQUIRED_MACHINES = {
     "apple-m1-max", "apple-m1-ultra", "apple-m2-max", "apple-m2-ultra", "apple-m4-max", "apple-m4-mini-16gb",
@@ -65,7 +65,7 @@ def fake_measurements(monkeypatch, tmp_path):
 
 
 def test_this_machine_is_measured_once_then_read_from_the_cache(fake_measurements, tmp_path):
-    first = get_hardware(THIS_MACHINE)
+    first = this_machine.this_machine()
     assert len(fake_measurements) == 3
     assert (first.bandwidth, first.flops("bf16"), first.flops("fp32")) == (30e9, 400e9, 200e9)
     assert first.default_precision == "bf16"  # the faster one is what an engine would use
@@ -73,15 +73,15 @@ def test_this_machine_is_measured_once_then_read_from_the_cache(fake_measurement
     cached = json.loads((tmp_path / "ridgeline" / "this-machine.json").read_text())
     assert cached["hardware"]["bandwidth"] == 30e9
 
-    assert get_hardware(THIS_MACHINE) == first
+    assert this_machine.this_machine() == first
     assert len(fake_measurements) == 3  # no new measurement
-    get_hardware(THIS_MACHINE, remeasure=True)
+    this_machine.this_machine(remeasure=True)
     assert len(fake_measurements) == 6
 
 
 def test_a_different_thread_count_is_measured_afresh(fake_measurements):
-    hardware.this_machine(threads=1)
-    hardware.this_machine(threads=2)
+    this_machine.this_machine(threads=1)
+    this_machine.this_machine(threads=2)
     assert {threads for _, threads in fake_measurements} == {1, 2}
 
 

@@ -2,12 +2,12 @@
 
 import pytest
 
+from ridgeline.bench.model_source import load_model_shape
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.perf.hardware import get_hardware, observations
-from ridgeline.perf.model_source import load_model_shape
-from ridgeline.perf.model_specs import MODEL_SPECS, model_spec
-from ridgeline.perf.roofline import REALISTIC_BAND, Roofline, decode_ceiling, ridge_point
+from ridgeline.napkin.hardware import catalogued, observations
+from ridgeline.napkin.model_specs import MODEL_SPECS, model_spec
+from ridgeline.napkin.roofline import REALISTIC_BAND, Roofline, decode_ceiling, ridge_point
 
 GB = 1e9
 GIB = 2**30
@@ -15,7 +15,7 @@ KIB = 2**10
 
 
 def roofline(model: str, weights: str, machine: str) -> Roofline:
-    return Roofline(model_spec(model).shape(weights), get_hardware(machine))
+    return Roofline(model_spec(model).shape(weights), catalogued(machine))
 
 
 def observed(machine: str, phase: str) -> float:
@@ -39,7 +39,7 @@ def test_llama2_7b_q4_0_on_400_gb_s_has_a_104_4_tok_s_ceiling():
 
 def test_real_decode_lands_at_roughly_40_to_60_percent_of_the_ceiling_on_apple_silicon():
     fractions = {
-        machine: observed(machine, "decode") / decode_ceiling(get_hardware(machine).bandwidth, 3.83 * GB)
+        machine: observed(machine, "decode") / decode_ceiling(catalogued(machine).bandwidth, 3.83 * GB)
         for machine in ("apple-m1-max", "apple-m2-max", "apple-m1-ultra", "apple-m2-ultra")
     }
     assert fractions["apple-m1-max"] == pytest.approx(0.586, abs=0.001)
@@ -51,7 +51,7 @@ def test_real_decode_lands_at_roughly_40_to_60_percent_of_the_ceiling_on_apple_s
 
 def test_ultra_parts_return_about_40_percent_more_decode_than_their_max_for_twice_the_bandwidth():
     for max_chip, ultra_chip, ratio in (("apple-m1-max", "apple-m1-ultra", 1.37), ("apple-m2-max", "apple-m2-ultra", 1.43)):
-        assert get_hardware(ultra_chip).bandwidth == 2 * get_hardware(max_chip).bandwidth
+        assert catalogued(ultra_chip).bandwidth == 2 * catalogued(max_chip).bandwidth
         assert round(observed(ultra_chip, "decode") / observed(max_chip, "decode"), 2) == ratio
 
 
@@ -92,7 +92,7 @@ def test_dgx_spark_gpt_oss_120b_mxfp4_ceiling_against_its_measured_decode_and_pr
 
 
 def test_h100_sxm_ridge_is_295_flop_per_byte():
-    h100 = get_hardware("nvidia-h100-sxm")
+    h100 = catalogued("nvidia-h100-sxm")
     assert h100.flops("fp16") == 989e12  # 1,979 with sparsity, halved
     assert round(ridge_point(989e12, 3.35e12)) == 295
     assert round(h100.ridge_point("fp16")) == 295
@@ -130,7 +130,7 @@ def test_llama_3_3_70b_fp16_kv_cache():
     assert round(shape.kv_bytes_for_context(131_072) / GB) == 43
     batch_32_at_8k = 32 * shape.kv_bytes_for_context(8192)
     assert round(batch_32_at_8k / GB) == 86
-    assert batch_32_at_8k > get_hardware("nvidia-h100-sxm").memory_bytes  # exceeds one 80 GB H100
+    assert batch_32_at_8k > catalogued("nvidia-h100-sxm").memory_bytes  # exceeds one 80 GB H100
 
 
 def test_full_mha_would_cost_8x_what_gqa_does():
@@ -196,6 +196,6 @@ def test_unknown_names_are_user_errors():
     with pytest.raises(RidgelineError, match="neither a file nor a built-in spec"):
         load_model_shape("no-such-model")
     with pytest.raises(RidgelineError, match="unknown hardware"):
-        get_hardware("nvidia-b300")
+        catalogued("nvidia-b300")
     with pytest.raises(RidgelineError, match="has no fp4"):
-        get_hardware("apple-m1-max").flops("fp4")
+        catalogued("apple-m1-max").flops("fp4")

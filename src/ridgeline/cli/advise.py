@@ -6,10 +6,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ridgeline.bench.model_source import load_model_shape
 from ridgeline.cli.app import app
-from ridgeline.perf.advise import RULES, RequestShape, advise
-from ridgeline.perf.hardware import catalogue
-from ridgeline.perf.model_source import load_model_shape
+from ridgeline.napkin.advise import RULES, RequestShape, advise
+from ridgeline.napkin.hardware import catalogue
 
 
 @app.command("advise", help="Rank catalogued machines for a workload by TTFT, tokens/s and time per request.")

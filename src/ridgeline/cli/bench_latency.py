@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ridgeline.cli.app import bench_app
-from ridgeline.perf.bench_latency import WEIGHT_MODES, LatencyConfig, run_latency
+from ridgeline.bench.bench_latency import WEIGHT_MODES, LatencyConfig, run_latency
 
 
 @bench_app.command("latency", help="Prompt processing (pp) and generation (tg) tok/s, bytes per decode token and % of the bandwidth ceiling.")

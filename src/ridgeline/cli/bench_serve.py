@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+from ridgeline.bench.serve_metrics import PERCENTILES, Slo
 from ridgeline.cli.app import bench_app
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
-from ridgeline.perf.serve_metrics import PERCENTILES, Slo
 
 
 def parse_list(text: str | None, kind: type, option: str) -> list:
@@ -85,7 +85,7 @@ def bench_serve_command(
 
 
 def write_plots(report: dict, prefix: str) -> list[Path]:
-    from ridgeline.perf.plot import plot_latency_vs_load, plot_throughput_vs_load
+    from ridgeline.napkin.plot import plot_latency_vs_load, plot_throughput_vs_load
 
     levels = report["levels"]
     by_rate = levels[0]["load"]["request_rate"] is not None

@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ridgeline.bench.bench_throughput import DEFAULT_BATCH_SIZES, ThroughputConfig, ThroughputReport, run_throughput
 from ridgeline.cli.app import bench_app
 from ridgeline.cli.engine_options import engine_config
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.bench_throughput import DEFAULT_BATCH_SIZES, ThroughputConfig, ThroughputReport, run_throughput
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
@@ -50,10 +50,10 @@ def throughput_command(
 
 
 def write_plot(report: ThroughputReport, config: ThroughputConfig, path: Path) -> Path:
-    from ridgeline.perf.measured import parse_points
-    from ridgeline.perf.model_source import load_model_shape
-    from ridgeline.perf.plot import plot_roofline
-    from ridgeline.perf.roofline import Roofline
+    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.napkin.measured import parse_points
+    from ridgeline.napkin.plot import plot_roofline
+    from ridgeline.napkin.roofline import Roofline
 
     roofline = Roofline(load_model_shape(config.engine.model), report.hardware,
                         kv_dtype_bytes=config.engine.kv_cache.torch_dtype.itemsize)

@@ -7,11 +7,11 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from ridgeline.bench.perplexity import perplexity
 from ridgeline.cli.app import app
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.errors import RidgelineError
-from ridgeline.evaluate.perplexity import perplexity
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.transformer import ModelOptions
 

@@ -1,17 +1,16 @@
 """`ridgeline roofline`: the napkin model for one model on one machine."""
 
 import json
-from contextlib import nullcontext
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from ridgeline.bench.model_source import load_model_shape
 from ridgeline.cli.app import app
-from ridgeline.perf.hardware import THIS_MACHINE, get_hardware
-from ridgeline.perf.measured import load_measured
-from ridgeline.perf.model_source import load_model_shape
-from ridgeline.perf.roofline import REALISTIC_BAND, Roofline, Workload
+from ridgeline.napkin.hardware import THIS_MACHINE, catalogued
+from ridgeline.napkin.measured import load_measured
+from ridgeline.napkin.roofline import REALISTIC_BAND, Roofline, Workload
 
 
 def gigabytes(nbytes: float) -> str:
@@ -33,12 +32,16 @@ def roofline_command(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     plot: str = typer.Option(None, "--plot", help="Write a roofline chart (PNG) with decode and prefill operating points."),
 ) -> None:
-    from ridgeline.perf.plot import plot_roofline
+    from ridgeline.napkin.plot import plot_roofline
 
     console = Console(stderr=as_json, width=max(Console().width, 110))  # long figures read better unwrapped
-    measuring = hardware == THIS_MACHINE
-    with console.status("measuring this machine (a few seconds, cached afterwards)") if measuring else nullcontext():
-        machine = get_hardware(hardware, remeasure=remeasure)
+    if hardware == THIS_MACHINE:
+        from ridgeline.bench.this_machine import this_machine  # measures with torch; catalogued machines need none
+
+        with console.status("measuring this machine (a few seconds, cached afterwards)"):
+            machine = this_machine(remeasure=remeasure)
+    else:
+        machine = catalogued(hardware)
     roofline = Roofline(load_model_shape(model, weights), machine, precision, kv_bytes)
     workload = Workload(batch, context, prompt_tokens, kv_bytes, precision)
     summary = roofline.summary(workload)

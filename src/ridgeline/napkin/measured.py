@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.roofline import Roofline, StepCost
+from ridgeline.napkin.roofline import Roofline, StepCost
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.hardware import Hardware
-from ridgeline.perf.model_shape import ModelShape
-from ridgeline.perf.roofline import Roofline
+from ridgeline.napkin.hardware import Hardware
+from ridgeline.napkin.model_shape import ModelShape
+from ridgeline.napkin.roofline import Roofline
 
 EFFICIENCY = 0.5  # "discount to 50%": the realistic share of a ceiling an engine reaches
 

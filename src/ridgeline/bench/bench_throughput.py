@@ -13,13 +13,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ridgeline.bench.model_source import load_model_shape
+from ridgeline.bench.this_machine import this_machine
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.hardware import Hardware, this_machine
-from ridgeline.perf.model_source import load_model_shape
-from ridgeline.perf.roofline import Roofline
+from ridgeline.napkin.hardware import Hardware
+from ridgeline.napkin.roofline import Roofline
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 WARMUP_TOKENS = 4  # a short untimed request first, so the first timed step pays no one-off costs

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ridgeline.bench.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, bytes_per_token
 from ridgeline.engine.model_runner import ModelRunner
@@ -24,7 +25,6 @@ from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.layers.linear import DenseLinear
 from ridgeline.model.quant import QuantizedLinear
 from ridgeline.model.transformer import ModelOptions
-from ridgeline.perf.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
 
 WEIGHT_MODES = ("quantized", "bf16", "f32")  # quantised in memory (f32 activations), or dequantised at load
 CACHE = KVCacheConfig(block_size=16, dtype="bf16", memory_bytes=0)  # sized in blocks for one sequence

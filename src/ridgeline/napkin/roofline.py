@@ -9,8 +9,8 @@ tokens; so decode's arithmetic intensity grows with B and prefill's with L, and 
 import math
 from dataclasses import dataclass
 
-from ridgeline.perf.hardware import Hardware
-from ridgeline.perf.model_shape import ModelShape
+from ridgeline.napkin.hardware import Hardware
+from ridgeline.napkin.model_shape import ModelShape
 
 # Real decode lands at roughly 40-60% of the bandwidth ceiling (the source documents' observation).
 REALISTIC_BAND = (0.40, 0.60)

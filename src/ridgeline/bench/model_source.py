@@ -1,11 +1,15 @@
-"""One way for the perf tools to get a model's shape: a built-in spec by name, or a real checkpoint by path."""
+"""One way for the roofline, advise and bench tools to get a model's shape: a built-in spec by name, or a real
+checkpoint by path. It lives beside the benchmarks rather than in napkin/ because it opens checkpoints."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ridgeline.errors import ModelLoadError, RidgelineError
-from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
-from ridgeline.perf.model_shape import NO_WEIGHTS, ModelShape, WeightGroup
-from ridgeline.perf.model_specs import MODEL_SPECS, model_spec
+from ridgeline.napkin.model_shape import NO_WEIGHTS, ModelShape, WeightGroup
+from ridgeline.napkin.model_specs import MODEL_SPECS, model_spec
+
+if TYPE_CHECKING:
+    from ridgeline.model.checkpoint import Checkpoint
 
 EMBEDDING = "token_embd.weight"
 LM_HEAD = "output.weight"
@@ -22,10 +26,12 @@ def load_model_shape(model: str | None, weights: str | None = None) -> ModelShap
         raise RidgelineError(f"--weights applies to built-in specs ({', '.join(MODEL_SPECS)}); a file is read as stored")
     if model is not None and not Path(model).expanduser().exists():
         raise ModelLoadError(f"model not found: {model!r} is neither a file nor a built-in spec ({', '.join(MODEL_SPECS)})")
+    from ridgeline.model.checkpoint import read_checkpoint  # only for a file: a spec's shape needs no model code
+
     return shape_from_checkpoint(read_checkpoint(model))
 
 
-def shape_from_checkpoint(checkpoint: Checkpoint) -> ModelShape:
+def shape_from_checkpoint(checkpoint: "Checkpoint") -> ModelShape:
     """Group the file's real tensors by how a decode step reads them (see ModelShape)."""
     config = checkpoint.config
     tensors = checkpoint.tensors

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ridgeline.bench.serve_metrics import RequestResult, Slo, summarise
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.serve_metrics import RequestResult, Slo, summarise
 
 # Common English words: a prompt of N of them is roughly N tokens for most tokenizers.
 FILLER_WORDS = (

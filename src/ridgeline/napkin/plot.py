@@ -9,8 +9,8 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ridgeline.perf.measured import MeasuredPoint  # noqa: E402
-from ridgeline.perf.roofline import Roofline  # noqa: E402
+from ridgeline.napkin.measured import MeasuredPoint  # noqa: E402
+from ridgeline.napkin.roofline import Roofline  # noqa: E402
 
 DECODE_BATCHES = (1, 4, 16, 64, 256)
 PREFILL_LENGTHS = (16, 128, 512, 2048, 8192)

@@ -7,7 +7,7 @@ too large to download. Norm weights and biases are left out (well under 0.1% of 
 from dataclasses import dataclass
 
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.model_shape import NO_WEIGHTS, ModelShape, WeightGroup
+from ridgeline.napkin.model_shape import NO_WEIGHTS, ModelShape, WeightGroup
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,67 @@
+"""`this-machine`: this machine's roofline, measured once per thread count and cached beside the kernel cache."""
+
+import json
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ridgeline.bench import measure
+from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
+
+CACHE_FORMAT = 1  # bump when the measurement changes, so stale cache files are re-measured
+
+
+def cache_path() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ridgeline" / "this-machine.json"
+
+
+def this_machine(remeasure: bool = False, threads: int | None = None) -> Hardware:
+    """This machine's roofline, from the cache if it was measured here before with the same thread count."""
+    threads = threads or torch.get_num_threads()
+    identity = {"format": CACHE_FORMAT, "host": platform.node(), "cpu": _cpu_model(), "threads": threads}
+    path = cache_path()
+    if not remeasure and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("identity") == identity:
+            return Hardware(**cached["hardware"])
+    hardware = measure_this_machine(threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"identity": identity, "hardware": asdict(hardware)}, indent=2))
+    return hardware
+
+
+def measure_this_machine(threads: int) -> Hardware:
+    """Read bandwidth and bf16/fp32 GEMM FLOP/s with `threads` threads (a few seconds in all)."""
+    flops = {
+        "bf16": measure.measure_matmul_flops(torch.bfloat16, threads),
+        "fp32": measure.measure_matmul_flops(torch.float32, threads),
+    }
+    source = f"measured by ridgeline with {threads} threads (torch {torch.__version__})"
+    return Hardware(
+        name=THIS_MACHINE,
+        title=f"this machine ({_cpu_model()}, {threads} threads)",
+        bandwidth=measure.measure_read_bandwidth(threads),
+        memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        dense_flops=flops,
+        # The faster precision is the one an engine on this machine would run its matmuls in.
+        default_precision=max(flops, key=flops.get),
+        sources={
+            "bandwidth": f"{source}: STREAM-like sum over a {measure.READ_BUFFER_BYTES // 2**20} MiB buffer",
+            "memory": "os.sysconf: physical memory",
+            "flops": f"{source}: {measure.MATMUL_SIZE}x{measure.MATMUL_SIZE} GEMM",
+        },
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -1,0 +1,94 @@
+"""The hardware catalogue: a versioned TOML file of public figures, with their sources.
+
+`this-machine` is named here but not catalogued: it is measured (ridgeline/bench/this_machine.py), which needs
+torch, and the napkin model stays plain arithmetic over figures it is given.
+"""
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+from ridgeline.errors import RidgelineError
+
+THIS_MACHINE = "this-machine"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    title: str
+    bandwidth: float  # bytes/s
+    memory_bytes: float
+    dense_flops: dict[str, float]  # FLOP/s per precision ("fp32", "bf16", ...)
+    default_precision: str
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def flops(self, precision: str | None = None) -> float:
+        precision = precision or self.default_precision
+        if precision not in self.dense_flops:
+            known = ", ".join(sorted(self.dense_flops))
+            raise RidgelineError(f"{self.name} has no {precision} FLOP/s figure (it has: {known})")
+        return self.dense_flops[precision]
+
+    def ridge_point(self, precision: str | None = None) -> float:
+        """FLOP per byte at which a kernel stops being bandwidth-bound: peak FLOP/s / bandwidth."""
+        return self.flops(precision) / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A published measurement the source documents quote (decode or prefill tokens/s on one machine)."""
+
+    machine: str
+    model: str
+    weights: str
+    phase: str  # "prefill" or "decode"
+    tokens_per_s: float
+    test: str
+    source: str
+    prompt_tokens: int | None = None
+
+
+@cache
+def _catalogue_data() -> dict:
+    text = resources.files("ridgeline.napkin").joinpath("hardware_catalogue.toml").read_text()
+    return tomllib.loads(text)
+
+
+def catalogue() -> dict[str, Hardware]:
+    """Every catalogued machine by name (not `this-machine`, which is measured on demand)."""
+    machines = {}
+    for entry in _catalogue_data()["machine"]:
+        machines[entry["name"]] = Hardware(
+            name=entry["name"],
+            title=entry["title"],
+            bandwidth=entry["bandwidth_gb_s"] * 1e9,
+            memory_bytes=entry["memory_gb"] * 1e9,
+            dense_flops={precision: tflops * 1e12 for precision, tflops in entry["dense_tflops"].items()},
+            default_precision=entry["default_precision"],
+            sources=dict(entry["sources"]),
+        )
+    return machines
+
+
+def catalogue_version() -> int:
+    return _catalogue_data()["version"]
+
+
+def observations() -> list[Observation]:
+    return [Observation(**entry) for entry in _catalogue_data()["observation"]]
+
+
+def hardware_names() -> list[str]:
+    return [*catalogue(), THIS_MACHINE]
+
+
+def catalogued(name: str) -> Hardware:
+    """A catalogued machine by name (`this-machine` is measured: ridgeline.bench.this_machine)."""
+    if name == THIS_MACHINE:
+        raise RidgelineError(f"{THIS_MACHINE!r} is measured, not catalogued (ridgeline.bench.this_machine)")
+    machines = catalogue()
+    if name not in machines:
+        raise RidgelineError(f"unknown hardware {name!r} (known: {', '.join(hardware_names())})")
+    return machines[name]
