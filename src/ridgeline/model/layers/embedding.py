@@ -8,7 +8,7 @@ map. Otherwise the rows come straight from the stored (possibly quantised) matri
 import torch
 from torch import nn
 
-from ridgeline.model.quant import QuantizedLinear, kernels
+from ridgeline.model.quant import QuantizedLinear
 from ridgeline.model.weights import StoredTensor
 
 
@@ -22,7 +22,7 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.source, QuantizedLinear):
-            rows = kernels.dequantize(self.source.weight, self.dtype, rows=token_ids.to(self.source.quants.device))
+            rows = self.source.rows(token_ids.to(self.source.quants.device), self.dtype)
         else:
             rows = self.source.select_rows(token_ids.cpu()).dequantize(self.dtype)
         return rows.to(self.device) * self.scale
