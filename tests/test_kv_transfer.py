@@ -200,3 +200,34 @@ def test_a_prefill_worker_that_is_gone_fails_the_transfer_at_once(model, how):
                 manifest)
     assert time.monotonic() - started < 5, "a dead peer must fail the transfer, not wait out the timeout"
     assert_no_pages_leaked(decode_engine)
+
+
+class TamperingTransport(InProcessTransport):
+    """Flips one bit of the first page on its way."""
+
+    def fetch(self, address, pull, page_bytes):
+        source = self._sources[address]
+        original = source.handle
+
+        def tampered(message):
+            reply, frames = original(message)
+            if frames:
+                frames = [bytes([frames[0][0] ^ 1]) + frames[0][1:], *frames[1:]]
+            return reply, frames
+
+        source.handle = tampered
+        try:
+            return super().fetch(address, pull, page_bytes)
+        finally:
+            source.handle = original
+
+
+def test_a_page_damaged_on_the_way_fails_its_sha256_and_nothing_leaks(model):
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source, transport = KVSource(prefill_engine), TamperingTransport()
+    transport.serve("p", source)
+    manifest = prefill(prefill_engine, source, "a", PROMPTS[2])
+    with pytest.raises(TransferFailed, match="sha256"):
+        receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(PROMPTS[2], GREEDY), manifest)
+    source.drop("a")
+    assert_no_pages_leaked(prefill_engine, decode_engine)
