@@ -14,7 +14,7 @@ def load_reference() -> dict:
 
 def teacher_forced_logits(runner, ids: list[int]) -> torch.Tensor:
     """Logits at every position of `ids` in one pass over a fresh sequence."""
-    from ridgeline.model.attention_batch import SeqChunk
+    from ridgeline.model.attention_batch import ForwardChunk
 
     blocks = -(-len(ids) // runner.kv_cache.block_size)
-    return runner.run([SeqChunk(ids, 0, runner.kv_cache.group_tables(list(range(blocks))), all_logits=True)])[0]
+    return runner.run([ForwardChunk(ids, 0, runner.kv_cache.group_tables(list(range(blocks))), all_logits=True)])[0]

@@ -8,7 +8,7 @@ from tiny_models import ARCHITECTURES, build_hf_model, write_gguf
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.model_runner import ModelRunner
-from ridgeline.model.attention_batch import SeqChunk
+from ridgeline.model.attention_batch import ForwardChunk
 
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128, 1, 2, 77, 380, 19, 23, 200, 8]  # > gemma3's window of 8
 
@@ -37,7 +37,7 @@ def test_logits_match_transformers(tiny, source):
     arch, directory, expected = tiny
     runner = runner_for(directory if source == "safetensors" else directory / "model.gguf")
     assert runner.model.config.architecture == arch
-    logits = runner.run([SeqChunk(PROMPT, 0, runner.kv_cache.group_tables(list(range(5))), all_logits=True)])[0]
+    logits = runner.run([ForwardChunk(PROMPT, 0, runner.kv_cache.group_tables(list(range(5))), all_logits=True)])[0]
     assert_close(logits, expected)
 
 
@@ -45,9 +45,9 @@ def test_chunked_prefill_and_decode_rows_match_one_pass(tiny):
     _, directory, expected = tiny
     runner = runner_for(directory / "model.gguf")
     blocks = runner.kv_cache.group_tables(list(range(5)))
-    first = runner.run([SeqChunk(PROMPT[:7], 0, blocks, all_logits=True)])[0]
-    second = runner.run([SeqChunk(PROMPT[7:15], 7, blocks, all_logits=True)])[0]
-    decodes = [runner.run([SeqChunk([PROMPT[i]], i, blocks)])[0] for i in range(15, len(PROMPT))]
+    first = runner.run([ForwardChunk(PROMPT[:7], 0, blocks, all_logits=True)])[0]
+    second = runner.run([ForwardChunk(PROMPT[7:15], 7, blocks, all_logits=True)])[0]
+    decodes = [runner.run([ForwardChunk([PROMPT[i]], i, blocks)])[0] for i in range(15, len(PROMPT))]
     assert_close(torch.cat([first, second, *decodes]), expected)
 
 
@@ -56,10 +56,10 @@ def test_ragged_batch_matches_each_sequence_alone(tiny):
     runner = runner_for(directory / "model.gguf")
     # sequence A is mid-decode (prefilled first), B prefills in the same step as A's decode row
     tables = runner.kv_cache.group_tables
-    runner.run([SeqChunk(PROMPT[:12], 0, tables([0, 1, 2]))])
+    runner.run([ForwardChunk(PROMPT[:12], 0, tables([0, 1, 2]))])
     other = PROMPT[::-1][:9]
-    decode_row, prefill = runner.run([SeqChunk([PROMPT[12]], 12, tables([0, 1, 2, 3])),
-                                      SeqChunk(other, 0, tables([4, 5, 6]), all_logits=True)])
+    decode_row, prefill = runner.run([ForwardChunk([PROMPT[12]], 12, tables([0, 1, 2, 3])),
+                                      ForwardChunk(other, 0, tables([4, 5, 6]), all_logits=True)])
     assert_close(decode_row[0], expected[12])
-    alone = runner_for(directory / "model.gguf").run([SeqChunk(other, 0, tables([0, 1, 2]), all_logits=True)])[0]
+    alone = runner_for(directory / "model.gguf").run([ForwardChunk(other, 0, tables([0, 1, 2]), all_logits=True)])[0]
     assert_close(prefill, alone)

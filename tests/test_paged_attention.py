@@ -5,7 +5,7 @@ import pytest
 import torch
 from compiled_kernels import needs_compiled
 
-from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
+from ridgeline.model.attention_batch import AttentionBatch, ForwardChunk
 from ridgeline.model.layers.attention_kernel import paged_attention, paged_attention_reference
 
 BLOCK = 4
@@ -30,7 +30,7 @@ def setup(heads, kv_heads, head_dim, dtype, seed=0):
     return generator, k_cache, v_cache
 
 
-def batch_of(chunks: list[SeqChunk], window: int | None) -> AttentionBatch:
+def batch_of(chunks: list[ForwardChunk], window: int | None) -> AttentionBatch:
     return AttentionBatch.build(chunks, BLOCK, [window], torch.device("cpu"))
 
 
@@ -43,7 +43,7 @@ def test_kernel_matches_torch_attention(dtype, heads, kv_heads, head_dim, window
     # a decode deep into its sequence, a prefill chunk from 0, a chunk continuing a prefill, a one-token prompt
     shapes = [(37, 1), (0, 11), (9, 14), (0, 1)]
     tables = scattered_tables([start + length for start, length in shapes], generator)
-    chunks = [SeqChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)]
+    chunks = [ForwardChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)]
     batch = batch_of(chunks, window)
     q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
     scale = head_dim**-0.5
@@ -60,14 +60,14 @@ def test_a_rows_bits_do_not_depend_on_its_batch_or_chunk(window):
     generator, k_cache, v_cache = setup(heads, kv_heads, head_dim, torch.bfloat16, seed=1)
     shapes = [(0, 23), (40, 1), (5, 7)]
     tables = scattered_tables([start + length for start, length in shapes], generator)
-    chunks = [SeqChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)]
+    chunks = [ForwardChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)]
     batch = batch_of(chunks, window)
     q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
     together = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.0625)
     row = 0
     for (start, length), table in zip(shapes, tables):
         for position in range(start, start + length):
-            alone_batch = batch_of([SeqChunk([0], position, [table])], window)
+            alone_batch = batch_of([ForwardChunk([0], position, [table])], window)
             alone = paged_attention(q[row:row + 1], k_cache, v_cache, alone_batch, alone_batch.groups[0], 0.0625)
             assert torch.equal(alone[0], together[row]), f"row {row} (position {position}) changed bits"
             row += 1
@@ -76,9 +76,9 @@ def test_a_rows_bits_do_not_depend_on_its_batch_or_chunk(window):
 @needs_compiled
 def test_a_released_page_inside_the_key_range_is_an_error():
     generator, k_cache, v_cache = setup(4, 1, 64, torch.float32)
-    batch = batch_of([SeqChunk([0], 9, [[3, -1, 7]])], window=None)  # position 9 reads blocks 0..2; block 1 gone
+    batch = batch_of([ForwardChunk([0], 9, [[3, -1, 7]])], window=None)  # position 9 reads blocks 0..2; block 1 gone
     q = torch.randn(1, 4, 64, generator=generator)
     with pytest.raises(RuntimeError, match="block 1 of row 0 is not a page"):
         paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.125)
-    windowed = batch_of([SeqChunk([0], 9, [[-1, -1, 7]])], window=2)  # keys 8..9 only: released blocks unread
+    windowed = batch_of([ForwardChunk([0], 9, [[-1, -1, 7]])], window=2)  # keys 8..9 only: released blocks unread
     assert torch.isfinite(paged_attention(q, k_cache, v_cache, windowed, windowed.groups[0], 0.125)).all()

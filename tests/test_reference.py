@@ -14,7 +14,7 @@ import pytest
 from conftest import make_runner
 from reference_helpers import load_reference, teacher_forced_logits
 
-from ridgeline.model.attention_batch import SeqChunk
+from ridgeline.model.attention_batch import ForwardChunk
 
 MARGIN = 0.5  # steps where llama.cpp's top-1 leads its top-2 by more than this must agree exactly
 MAX_ABS_LOGIT_ERROR = 2.5
@@ -57,12 +57,12 @@ def test_token_by_token_decode_agrees_with_llamacpp(runner, case):
     blocks = runner.kv_cache.group_tables(list(range(-(-len(ids) // runner.kv_cache.block_size))))
     prompt_len = len(case["prompt_ids"])
     errors = []
-    row = runner.run([SeqChunk(case["prompt_ids"], 0, blocks, num_prompt_tokens=prompt_len)])[0][0]
+    row = runner.run([ForwardChunk(case["prompt_ids"], 0, blocks, num_prompt_tokens=prompt_len)])[0][0]
     for step, trace in enumerate(case["trace"]):
         check_step(row, trace, step, errors)
         position = prompt_len + step
         if position < len(ids):
-            row = runner.run([SeqChunk([ids[position]], position, blocks, num_prompt_tokens=prompt_len)])[0][0]
+            row = runner.run([ForwardChunk([ids[position]], position, blocks, num_prompt_tokens=prompt_len)])[0][0]
     check_errors(errors)
 
 

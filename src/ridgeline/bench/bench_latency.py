@@ -20,7 +20,7 @@ from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, bytes_per_token
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.errors import RidgelineError
-from ridgeline.model.attention_batch import SeqChunk
+from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.layers.linear import DenseLinear
 from ridgeline.model.quant import QuantizedLinear
@@ -119,7 +119,7 @@ def _bench_model(runner: ModelRunner, weights: str, config: LatencyConfig, bandw
     prompt = torch.randint(0, model_config.vocab_size, (config.prompt_tokens,), generator=generator).tolist()
 
     def forward(ids: list[int], start: int, num_prompt_tokens: int | None) -> torch.Tensor:
-        return runner.forward([SeqChunk(ids, start, tables, num_prompt_tokens=num_prompt_tokens)])[0]
+        return runner.forward([ForwardChunk(ids, start, tables, num_prompt_tokens=num_prompt_tokens)])[0]
 
     def prefill() -> None:
         forward(prompt, 0, None)  # prompt rows: the compute-bound path

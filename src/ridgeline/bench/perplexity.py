@@ -9,7 +9,7 @@ import torch
 
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.errors import RidgelineError
-from ridgeline.model.attention_batch import SeqChunk
+from ridgeline.model.attention_batch import ForwardChunk
 
 
 @dataclass
@@ -33,7 +33,7 @@ def perplexity(runner: ModelRunner, token_ids: list[int], bos_id: int | None, ct
         window = token_ids[w * ctx:(w + 1) * ctx]
         if bos_id is not None:
             window = [bos_id] + window[1:]
-        logits = runner.run([SeqChunk(window, 0, tables, all_logits=True)])[0]
+        logits = runner.run([ForwardChunk(window, 0, tables, all_logits=True)])[0]
         log_probs = torch.log_softmax(logits[first:ctx - 1], dim=-1)
         targets = torch.tensor(window[first + 1:ctx])
         nll = -log_probs.gather(1, targets[:, None]).squeeze(1).double()

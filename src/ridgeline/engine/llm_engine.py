@@ -25,7 +25,7 @@ from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
 from ridgeline.errors import RidgelineError
-from ridgeline.model.attention_batch import SeqChunk
+from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.transformer import ModelOptions
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -134,7 +134,7 @@ class LLMEngine:
     def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
         """One forward pass over the plan's chunks: a logits row per chunk, or per token of chunks that score
         their prompt (prompt logprobs, collected here). Also returns each chunk's last row."""
-        logits, counts = self.runner.forward([self._seq_chunk(chunk) for chunk in plan.chunks])
+        logits, counts = self.runner.forward([self._forward_chunk(chunk) for chunk in plan.chunks])
         for chunk, end, count in zip(plan.chunks, itertools.accumulate(counts), counts):
             self.output_processor.collect_prompt_logprobs(chunk, logits[end - count:end])
         return logits, [end - 1 for end in itertools.accumulate(counts)]
@@ -152,8 +152,8 @@ class LLMEngine:
                               [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
         return [Sample(seq, token_id, logprobs) for seq, token_id, logprobs in zip(seqs, result.token_ids, result.logprobs)]
 
-    def _seq_chunk(self, chunk: ScheduledChunk) -> SeqChunk:
-        return SeqChunk(chunk.token_ids, chunk.start, chunk.block_tables,
+    def _forward_chunk(self, chunk: ScheduledChunk) -> ForwardChunk:
+        return ForwardChunk(chunk.token_ids, chunk.start, chunk.block_tables,
                         all_logits=self.output_processor.wants_prompt_logits(chunk),
                         num_prompt_tokens=chunk.seq.num_prompt_tokens)
 

@@ -3,7 +3,7 @@
 import torch
 
 from ridgeline.engine.kv_cache import KVCache
-from ridgeline.model.attention_batch import AttentionBatch, SeqChunk
+from ridgeline.model.attention_batch import AttentionBatch, ForwardChunk
 from ridgeline.model.transformer import Transformer
 
 
@@ -12,12 +12,12 @@ class ModelRunner:
         self.model, self.kv_cache = model, kv_cache
         self.cache_layers = kv_cache.layers()
 
-    def forward(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, list[int]]:
+    def forward(self, chunks: list[ForwardChunk]) -> tuple[torch.Tensor, list[int]]:
         """One forward pass: all logit rows in chunk order ([1 or len(chunk), vocab] each) and their counts."""
         batch = AttentionBatch.build(chunks, self.kv_cache.block_size, self.model.group_windows, self.model.options.device)
         return self.model(batch, self.cache_layers), batch.logit_counts
 
-    def run(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
+    def run(self, chunks: list[ForwardChunk]) -> list[torch.Tensor]:
         """One forward pass; for each chunk its logits ([1, vocab], or [len, vocab] when all_logits)."""
         logits, counts = self.forward(chunks)
         return list(logits.split(counts))

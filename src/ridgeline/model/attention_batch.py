@@ -1,6 +1,6 @@
 """What one forward pass computes: chunks of tokens from several sequences, and where their keys live in the paged cache.
 
-The engine describes a step as a list of `SeqChunk`s (a decode is a 1-token chunk; prefill chunks are longer).
+The engine describes a step as a list of `ForwardChunk`s (a decode is a 1-token chunk; prefill chunks are longer).
 `AttentionBatch.build` turns that into flat token rows, each with its sequence and the range of key positions
 it attends: [window start, own position] (causal, and inside the sliding window if its layer has one). Per
 layer group (model/kv_groups.py) it holds the block tables and the cache slots where the new tokens' K and V go.
@@ -17,7 +17,10 @@ from ridgeline.model.row_paths import RowPaths
 
 
 @dataclass
-class SeqChunk:
+class ForwardChunk:
+    """What the model computes for one sequence in one forward pass: token ids, positions and pages, no engine
+    objects. The engine builds one from each of the scheduler's ScheduledChunks (which also carry the Sequence)."""
+
     token_ids: list[int]  # tokens to compute this step
     start: int  # position of token_ids[0] in its sequence
     # Per layer group, the page of each block of positions [0, start + len(token_ids)); a sliding-window group
@@ -56,7 +59,7 @@ class AttentionBatch:
     row_paths: RowPaths  # which rows take the memory-bound and which the compute-bound matmul path
 
     @staticmethod
-    def build(chunks: list[SeqChunk], block_size: int, group_windows: list[int | None],
+    def build(chunks: list[ForwardChunk], block_size: int, group_windows: list[int | None],
               device: torch.device) -> "AttentionBatch":
         row_starts = list(accumulate((len(c.token_ids) for c in chunks), initial=0))
         positions = torch.tensor([p for c in chunks for p in range(c.start, c.end)], dtype=torch.long)
