@@ -10,6 +10,7 @@ from tokenizers import Tokenizer as HfBackend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
+from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.default_model import default_model_path
 from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 from ridgeline.model.tokenizer.bpe import byte_level_bpe
@@ -38,6 +39,19 @@ def gemma():
 @pytest.mark.parametrize("text, special, ids", REFERENCE_CASES, ids=[f"case{i}" for i in range(len(REFERENCE_CASES))])
 def test_gemma_ids_equal_llama_cpp(gemma, text, special, ids):
     assert gemma.encode(text, special=special) == ids
+
+
+@pytest.mark.slow
+def test_the_cached_vocabulary_gives_the_same_tokenizer(gemma):
+    """read_checkpoint() builds the tokenizer from the cached GGUF index (written on first use), not the reader."""
+    cached = read_checkpoint().load_tokenizer()
+    for text, special, ids in REFERENCE_CASES:
+        assert cached.encode(text, special=special) == ids
+        assert cached.decode(ids, skip_special=False) == gemma.decode(ids, skip_special=False)
+    for text in SAMPLES:
+        assert cached.encode(text) == gemma.encode(text) and cached.decode(gemma.encode(text)) == gemma.decode(
+            gemma.encode(text))
+    assert (cached.vocab_size, cached.eos_ids, cached.chat_template) == (gemma.vocab_size, gemma.eos_ids, None)
 
 
 @pytest.mark.slow

@@ -71,5 +71,5 @@ def serve_command(
         engine = LLMEngine(config)
     console.print(engine.capacity_report, highlight=False)
     app = create_app(engine, server_config)
-    console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False)
+    console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False, soft_wrap=True)
     run_server(app, server_config)

@@ -4,8 +4,7 @@ import ctypes
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-
-from gguf import GGUFReader
+from typing import Any
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.model.config import ModelConfig
@@ -20,11 +19,11 @@ class Checkpoint:
     path: Path
     config: ModelConfig
     tensors: dict[str, StoredTensor]
-    gguf_reader: GGUFReader | None  # kept for the tokenizer, which reads its vocab from the same map
+    gguf_fields: dict[str, Any] | None  # a GGUF file's metadata, kept for the tokenizer, which reads its vocab there
 
     @property
     def format(self) -> str:
-        return "gguf" if self.gguf_reader is not None else "safetensors"
+        return "gguf" if self.gguf_fields is not None else "safetensors"
 
     @property
     def name(self) -> str:
@@ -33,8 +32,8 @@ class Checkpoint:
     def load_tokenizer(self):
         from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 
-        if self.gguf_reader is not None:
-            return tokenizer_from_gguf(self.gguf_reader)
+        if self.gguf_fields is not None:
+            return tokenizer_from_gguf(self.gguf_fields)
         return tokenizer_from_hf_dir(self.path)
 
 
@@ -50,8 +49,8 @@ def read_checkpoint(model: str | Path | None = None) -> Checkpoint:
     if path.is_dir():
         config, tensors = load_hf_dir(path)
         return Checkpoint(path, config, tensors, None)
-    config, tensors, reader = load_gguf(path)
-    return Checkpoint(path, config, tensors, reader)
+    config, tensors, fields = load_gguf(path)
+    return Checkpoint(path, config, tensors, fields)
 
 
 def release_loader_memory() -> None:

@@ -1,43 +1,21 @@
-"""Read a GGUF file (memory-mapped, via the `gguf` package) into a ModelConfig and StoredTensors."""
+"""Read a GGUF file (its header via the `gguf` package, cached; tensors memory-mapped) into a ModelConfig and
+StoredTensors."""
 
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
 from ridgeline.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from ridgeline.model.gguf_index import load_index
 from ridgeline.model.weights import SUPPORTED_TYPES, StoredTensor
 
 GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's fixed pattern when the file does not list sliding layers
 GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # older files do not store it; llama.cpp hard-codes it
-
-
-def open_gguf(path: Path) -> GGUFReader:
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, IndexError, OSError, KeyError, TypeError) as error:
-        raise ModelLoadError(f"{path} is not a readable GGUF file (truncated or corrupt?): {error}") from None
-    file_size = path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > file_size:
-            raise ModelLoadError(f"{path} is truncated: tensor {tensor.name} runs past the end of the file")
-    return reader
-
-
-def metadata(reader: GGUFReader) -> dict:
-    """All scalar/string/array fields as Python values (big token arrays included: read lazily by the tokenizer)."""
-    values = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key != "tokenizer.ggml.model" and len(field.data) > 1:
-            continue  # vocab arrays: the tokenizer reads those itself
-        try:
-            values[key] = field.contents()
-        except Exception:  # a field type we do not need; keep loading
-            continue
-    return values
 
 
 def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
@@ -56,7 +34,7 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
     kv_heads = int(get("attention.head_count_kv", heads))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
     layers = int(get("block_count"))
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])) or None
+    vocab = meta.get(f"{arch}.vocab_size")  # else the embedding's rows (set by load_gguf), not the token list's length
     rope_linear = 1.0
     if meta.get(f"{arch}.rope.scaling.type") == "linear":
         rope_linear = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
@@ -110,24 +88,26 @@ def _unpermute_rows(weight: StoredTensor, num_heads: int) -> StoredTensor:
     return weight.select_rows(order)
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], GGUFReader]:
-    reader = open_gguf(path)
-    names = {tensor.name for tensor in reader.tensors}
-    config = config_from_metadata(metadata(reader), names)
+def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], dict[str, Any]]:
+    """The config, the tensors (views of the file's memory map) and every metadata field of a GGUF file."""
+    index = load_index(path)
+    names = {entry.name for entry in index.tensors}
+    config = config_from_metadata(index.fields, names)
     tensors: dict[str, StoredTensor] = {}
-    for tensor in reader.tensors:
-        qtype = GGMLQuantizationType(tensor.tensor_type)
+    views = index.tensor_data(path)
+    for entry in index.tensors:
+        qtype = GGMLQuantizationType(entry.tensor_type)
         if qtype not in SUPPORTED_TYPES:
-            raise UnsupportedError(f"tensor {tensor.name} has unsupported type {qtype.name}")
-        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost-first
+            raise UnsupportedError(f"tensor {entry.name} has unsupported type {qtype.name}")
+        shape = tuple(reversed(entry.dims))  # GGUF lists dims innermost-first
         with warnings.catch_warnings():  # the map is read-only and we never write to it
             warnings.simplefilter("ignore", UserWarning)
-            data = torch.from_numpy(tensor.data)  # zero-copy view of the memory map
+            data = torch.from_numpy(views[entry.name])  # zero-copy view of the memory map
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             data = data.reshape(shape)
         elif qtype == GGMLQuantizationType.BF16:
             data = data.view(torch.bfloat16).reshape(shape)
-        tensors[tensor.name] = StoredTensor(qtype, shape, data)
+        tensors[entry.name] = StoredTensor(qtype, shape, data)
     if config.vocab_size == 0:
         config = replace(config, vocab_size=tensors["token_embd.weight"].shape[0])
     if config.architecture in ("llama", "mistral"):
@@ -135,5 +115,5 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], GGUFRea
             q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"
             tensors[q] = _unpermute_rows(tensors[q], config.num_heads)
             tensors[k] = _unpermute_rows(tensors[k], config.num_kv_heads)
-    return config, tensors, reader
+    return config, tensors, index.fields
 

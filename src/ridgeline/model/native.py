@@ -14,6 +14,8 @@ from types import ModuleType
 
 import torch
 
+from ridgeline.startup_clock import phase
+
 CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "quant_kernels.cpp", "paged_attention.cpp", "layer_ops.cpp")]
@@ -62,7 +64,7 @@ def compiled() -> ModuleType | None:
 
     build_dir = CACHE_DIR / "torch_extensions" / "kernels"
     build_dir.mkdir(parents=True, exist_ok=True)
-    with open(build_dir / "build.lock", "w") as lock:
+    with phase("kernels"), open(build_dir / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one compile per machine; later processes just load the result
         try:
             return load(

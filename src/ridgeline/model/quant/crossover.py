@@ -17,6 +17,7 @@ from ridgeline.model import native
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import pack
 from ridgeline.model.quant.random_blocks import random_stored
+from ridgeline.startup_clock import phase
 
 CANDIDATE_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 PROBE_SHAPE = (2048, 1024)  # (out, in): an MLP-sized matrix that fits in L2+L3 like the model's do
@@ -30,7 +31,8 @@ def crossover_rows(qtype: GGMLQuantizationType) -> int:
         path = native.CACHE_DIR / "crossover.json"
         cached = json.loads(path.read_text()) if path.exists() else {}
         if key not in cached:
-            cached[key] = measure_crossover(qtype)["crossover"]
+            with phase("kernels"):  # measuring is part of what a first start spends on the kernels
+                cached[key] = measure_crossover(qtype)["crossover"]
             path.parent.mkdir(parents=True, exist_ok=True)
             fresh = json.loads(path.read_text()) if path.exists() else {}  # another process may have written
             path.write_text(json.dumps(fresh | {key: cached[key]}, indent=1))

@@ -1,8 +1,12 @@
 """Build the tokenizer a GGUF file describes in its `tokenizer.*` metadata."""
 
+from collections.abc import Mapping
+from typing import Any
+
 from gguf import GGUFReader
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
+from ridgeline.model.gguf_index import read_fields
 from ridgeline.model.tokenizer.base import END_OF_GENERATION_TEXTS, Tokenizer, end_of_generation_ids
 from ridgeline.model.tokenizer.bpe import byte_level_bpe
 from ridgeline.model.tokenizer.hf import HfTokenizer
@@ -11,10 +15,13 @@ from ridgeline.model.tokenizer.spm import SpmTokenizer
 _MISSING = object()
 
 
-def tokenizer_from_gguf(reader: GGUFReader) -> Tokenizer:
+def tokenizer_from_gguf(source: GGUFReader | Mapping[str, Any]) -> Tokenizer:
+    """From an open reader, or from the metadata values a reader gave (see gguf_index: a warm start has no reader)."""
+    fields = read_fields(source) if isinstance(source, GGUFReader) else source
+
     def field(key: str, default=_MISSING):
-        if key in reader.fields:
-            return reader.fields[key].contents()
+        if key in fields:
+            return fields[key]
         if default is _MISSING:
             raise ModelLoadError(f"GGUF metadata lacks {key}")
         return default

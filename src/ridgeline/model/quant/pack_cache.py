@@ -1,0 +1,69 @@
+"""Packed weights kept on disk, so that a second start of the same model skips repacking (~3 s of the default
+model's start on 2 cores, most of a warm start).
+
+An entry is named by what it was packed from: the stored bytes, type and shape, and the layout the packer
+writes. Any change to the weights (another file, a requantised LM head) or to the packer gives another name, so
+a stale entry is never read. Small weights (tests' tiny models) are packed afresh: they cost nothing and would
+only fill the folder. An unreadable entry is ignored and rewritten; entries are written atomically.
+"""
+
+import hashlib
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ridgeline.model import native
+from ridgeline.model.quant.packing import QUANT_BITS, PackedWeight, pack
+from ridgeline.model.weights import StoredTensor
+
+PACK_LAYOUT = 1  # bump with any change to what pack() writes
+MIN_CACHED_BYTES = 256 * 1024  # every matrix of a real model is larger; tests' tiny ones are smaller
+_PLANES = ("quants", "high", "d", "dmin", "sc", "m")
+
+
+def entry_path(weight: StoredTensor) -> Path:
+    digest = hashlib.sha256(f"{PACK_LAYOUT}|{weight.qtype.name}|{weight.shape}|".encode())
+    digest.update(memoryview(weight.data.contiguous().numpy()).cast("B"))
+    return native.CACHE_DIR / "packed" / f"{digest.hexdigest()[:40]}.npz"
+
+
+def cached_pack(weight: StoredTensor) -> PackedWeight:
+    """pack(weight), from the cache when this machine packed the same weight before."""
+    if weight.qtype not in QUANT_BITS or weight.nbytes < MIN_CACHED_BYTES:
+        return pack(weight)  # (which refuses what it cannot pack)
+    path = entry_path(weight)
+    packed = _read(path, weight)
+    if packed is None:
+        packed = pack(weight)
+        _write(path, packed)
+    return packed
+
+
+def _read(path: Path, weight: StoredTensor) -> PackedWeight | None:
+    try:
+        with np.load(path, allow_pickle=False) as entry:
+            planes = [torch.from_numpy(entry[name]) for name in _PLANES]
+    except FileNotFoundError:
+        return None
+    except Exception as error:  # noqa: BLE001 - truncated, garbage or foreign: pack again and overwrite
+        warnings.warn(f"ridgeline: ignoring an unreadable packed-weight cache entry {path} ({type(error).__name__})")
+        return None
+    return PackedWeight(weight.qtype, weight.shape[0], weight.shape[1], *planes)
+
+
+def _write(path: Path, packed: PackedWeight) -> None:
+    partial = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as file:
+            partial = Path(file.name)
+            np.savez(file, **{name: plane.numpy() for name, plane in zip(_PLANES, packed.planes)})
+        os.replace(partial, path)  # readers see no entry or a whole one
+    except OSError as error:  # a full or read-only cache costs the next start time, not this one
+        warnings.warn(f"ridgeline: could not cache packed weights at {path}: {error}")
+        if partial is not None:
+            partial.unlink(missing_ok=True)
