@@ -32,7 +32,15 @@ def serve_command(
     role: str = typer.Option("both", "--role", help="both: prefill and decode here (colocated). prefill / decode: one side of disaggregated serving behind `ridgeline proxy`; a prefill worker keeps each prompt's KV pages for a decode worker to pull."),
     kv_bind: str = typer.Option("tcp://127.0.0.1:*", "--kv-bind", help="A prefill worker's KV endpoint, e.g. tcp://0.0.0.0:5557 (* = any free port)."),
     kv_host: str = typer.Option(None, "--kv-host", help="The host decode workers dial for this prefill worker's KV (default: as bound)."),
+    prefill_workers: int = typer.Option(0, "--prefill-workers", min=0, help="Disaggregated on Ray: this many prefill workers as Ray actors (with --decode-workers), behind one endpoint here."),
+    decode_workers: int = typer.Option(0, "--decode-workers", min=0, help="Disaggregated on Ray: this many decode workers as Ray actors."),
+    ray_address: str = typer.Option(None, "--ray-address", help="The Ray cluster for --prefill-workers/--decode-workers (default: start a local one)."),
+    local_prefill_tokens: int = typer.Option(64, "--local-prefill-tokens", min=0, help="With Ray workers: prompts shorter than this are prefilled on the decode worker."),
 ) -> None:
+    if prefill_workers or decode_workers:
+        _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, local_prefill_tokens, threads,
+                      kv_cache_memory, kv_cache_dtype)
+        return
     from ridgeline.cli.engine_options import engine_config
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
@@ -73,3 +81,36 @@ def serve_command(
     app = create_app(engine, server_config)
     console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False, soft_wrap=True)
     run_server(app, server_config)
+
+
+def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int, decode_workers: int,
+                  ray_address: str | None, local_prefill_tokens: int, threads: int | None, kv_cache_memory: str,
+                  kv_cache_dtype: str) -> None:
+    """Pools of prefill and decode workers placed and restarted by Ray, and the disaggregated front here."""
+    import uvicorn
+
+    from ridgeline.errors import RidgelineError
+
+    if not (prefill_workers and decode_workers):
+        raise RidgelineError("disaggregated serving on Ray needs --prefill-workers and --decode-workers both >= 1")
+    try:
+        from ridgeline.cluster.ray_pool import PoolConfig, RayWorkerPool
+    except ImportError as error:
+        raise RidgelineError(f"Ray workers need ray installed (pip install 'ridgeline[cluster]'): {error}") from None
+    from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
+    from ridgeline.server.launcher import configure_logging
+    from ridgeline.server.worker_server import start_worker_server
+
+    configure_logging()
+    config = PoolConfig(model=None if model is None else str(model.resolve()), prefill_workers=prefill_workers,
+                        decode_workers=decode_workers, threads_per_worker=threads or 1,
+                        kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype)
+    console = Console(stderr=True)
+    with console.status(f"starting {prefill_workers} prefill and {decode_workers} decode workers on Ray"):
+        pool = RayWorkerPool(config, start_worker_server, address=ray_address)
+    console.print(f"prefill workers: {', '.join(pool.urls('prefill'))}; decode workers: {', '.join(pool.urls('decode'))}")
+    try:
+        uvicorn.run(create_front_app(FrontConfig(local_prefill_tokens=local_prefill_tokens), pool), host=host,
+                    port=port, access_log=False, log_level="info")
+    finally:
+        pool.shutdown()

@@ -11,6 +11,7 @@ Failures end explicitly: an error from a worker is passed on as it came; a decod
 the stream with an error event; a client that leaves between prefill and decode gets its pages released at once.
 """
 
+import asyncio
 import itertools
 import json
 import logging
@@ -25,23 +26,39 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from ridgeline.server.errors import error_response
 
 logger = logging.getLogger("ridgeline.server.front")
+# A worker that is not there (any more): refused, or a pooled connection to a process that died. Before a response
+# has started, the request can go to another (or a restarted) worker.
+WORKER_GONE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 @dataclass(frozen=True)
 class FrontConfig:
-    prefill_urls: tuple[str, ...]
-    decode_urls: tuple[str, ...]
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
     local_prefill_tokens: int = 64  # prompts shorter than this are prefilled on the decode worker
     timeout: float = 600.0
 
 
+class StaticPool:
+    """Workers at fixed URLs (a pool on Ray, cluster/ray_pool.py, has the same two methods and finds them anew)."""
+
+    def __init__(self, prefill: tuple[str, ...], decode: tuple[str, ...]):
+        self._urls = {"prefill": list(prefill), "decode": list(decode)}
+
+    def urls(self, role: str) -> list[str]:
+        return self._urls[role]
+
+    def refresh(self) -> None:
+        pass
+
+
 class DisaggregatedFront:
-    def __init__(self, config: FrontConfig):
-        if not config.prefill_urls or not config.decode_urls:
+    def __init__(self, config: FrontConfig, pool=None):
+        self.pool = pool or StaticPool(config.prefill_urls, config.decode_urls)
+        if not self.pool.urls("prefill") or not self.pool.urls("decode"):
             raise ValueError("a disaggregated front needs at least one prefill and one decode worker")
         self.config = config
-        self._prefill = itertools.cycle(config.prefill_urls)
-        self._decode = itertools.cycle(config.decode_urls)
+        self._turn = {"prefill": itertools.count(), "decode": itertools.count()}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=5.0))
         self.registry = CollectorRegistry()
         self.placements = Counter("ridgeline_front_prefills", "Prefills by where they ran: on a prefill worker "
@@ -49,14 +66,32 @@ class DisaggregatedFront:
         self.failures = Counter("ridgeline_front_failures", "Requests that ended in a worker's error.", ["stage"],
                                 registry=self.registry)
 
+    def _pick(self, role: str) -> str:
+        """Round robin over the role's live workers."""
+        urls = self.pool.urls(role)
+        return urls[next(self._turn[role]) % len(urls)]
+
     async def handle(self, path: str, raw: Request) -> Response:
+        """One request; a worker that cannot be reached makes the pool look again (Ray may have restarted it
+        elsewhere) and the request is tried once more."""
         body = await raw.json()
-        decode_url = next(self._decode)
+        try:
+            return await self._handle(path, body, raw)
+        except WORKER_GONE:
+            await asyncio.to_thread(self.pool.refresh)
+        try:
+            return await self._handle(path, body, raw)
+        except WORKER_GONE as error:
+            self.failures.labels("connect").inc()
+            return error_response(502, f"no worker could be reached: {error!r}", code="worker_unreachable")
+
+    async def _handle(self, path: str, body: dict, raw: Request) -> Response:
+        decode_url = self._pick("decode")
         if not await self._worth_a_remote_prefill(body, decode_url):
             self.placements.labels("local").inc()
             return await self._forward(decode_url, path, body)
         self.placements.labels("remote").inc()
-        prefill_url = next(self._prefill)
+        prefill_url = self._pick("prefill")
         prefill_body = {**body, "stream": False, "stream_options": None, "max_tokens": 1,
                         "kv_transfer_params": {"do_remote_decode": True}}
         if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
@@ -64,6 +99,8 @@ class DisaggregatedFront:
             prefill_body.pop("max_tokens")
         try:
             prefilled = await self.client.post(f"{prefill_url}{path}", json=prefill_body)
+        except WORKER_GONE:
+            raise  # handle() looks for the worker again
         except httpx.HTTPError as error:
             self.failures.labels("prefill").inc()
             return error_response(502, f"prefill worker {prefill_url} failed: {error!r}", code="prefill_failed")
@@ -102,6 +139,10 @@ class DisaggregatedFront:
         request = self.client.build_request("POST", f"{url}{path}", json=body)
         try:
             upstream = await self.client.send(request, stream=True)
+        except WORKER_GONE:
+            if on_unsent is not None:
+                await on_unsent()
+            raise  # handle() looks for the worker again
         except httpx.HTTPError as error:
             self.failures.labels("decode").inc()
             if on_unsent is not None:
@@ -126,8 +167,8 @@ class DisaggregatedFront:
             await upstream.aclose()
 
 
-def create_front_app(config: FrontConfig) -> FastAPI:
-    front = DisaggregatedFront(config)
+def create_front_app(config: FrontConfig, pool=None) -> FastAPI:
+    front = DisaggregatedFront(config, pool)
     app = FastAPI(title="ridgeline disaggregated front")
 
     @app.post("/v1/completions")
@@ -140,12 +181,18 @@ def create_front_app(config: FrontConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        answer = await front.client.get(f"{config.decode_urls[0]}/v1/models")
-        return JSONResponse(answer.json(), answer.status_code)
+        for attempt in range(2):
+            try:
+                answer = await front.client.get(f"{front._pick('decode')}/v1/models")
+                return JSONResponse(answer.json(), answer.status_code)
+            except WORKER_GONE:
+                if attempt == 0:
+                    await asyncio.to_thread(front.pool.refresh)
+        return error_response(502, "no decode worker could be reached", code="worker_unreachable")
 
     @app.get("/health")
     async def health() -> Response:
-        for url in (*config.prefill_urls, *config.decode_urls):
+        for url in (*front.pool.urls("prefill"), *front.pool.urls("decode")):
             try:
                 if (await front.client.get(f"{url}/health", timeout=5.0)).status_code != 200:
                     return error_response(503, f"worker {url} is unhealthy")

@@ -1,0 +1,19 @@
+"""A prefill or decode worker server started in-process on a given host: what each Ray actor of a worker pool runs
+(cluster/ray_pool.py)."""
+
+from ridgeline.cluster.ray_pool import PoolConfig
+
+
+def start_worker_server(role: str, config: PoolConfig, host: str) -> str:
+    """Load the model, serve it with `role` on a free port of `host` (KV on a free port too); returns the URL."""
+    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.engine.llm_engine import LLMEngine
+    from ridgeline.server.app import ServerConfig, create_app
+    from ridgeline.server.launcher import BackgroundServer
+
+    engine = LLMEngine(engine_config(config.model, threads=config.threads_per_worker,
+                                     kv_cache_memory=config.kv_cache_memory, kv_cache_dtype=config.kv_cache_dtype))
+    server = BackgroundServer(create_app(engine, ServerConfig(host=host, role=role, kv_bind=f"tcp://{host}:*")),
+                              host=host)
+    server.__enter__()  # serves until the process (the actor) ends
+    return server.url
