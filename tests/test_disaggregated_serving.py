@@ -100,7 +100,7 @@ def test_a_prefill_worker_gone_before_the_pull_fails_the_request_cleanly():
         failed = httpx.post(f"{decode.url}/v1/completions", json={
             "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0,
             "kv_transfer_params": {**kv, "do_remote_prefill": True}}, timeout=30)
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 20  # the fetch deadline is 30 s: the failure came first
         assert failed.status_code == 502 and failed.json()["error"]["code"] == "kv_transfer_failed"
         assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
         assert_no_pages_leaked(decode.url)
