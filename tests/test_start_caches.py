@@ -18,6 +18,7 @@ from ridgeline.model.quant import pack_cache
 from ridgeline.model.quant.packing import pack
 from ridgeline.model.quant.random_blocks import random_stored
 from ridgeline.model.tokenizer import tokenizer_from_gguf
+from ridgeline.model.weights import StoredTensor
 
 SAMPLES = ["Hello world", "  ab ab  ", "naïve café 日本語 🚀", "line one\n\tline two", "</s>ab", "bab aab"]
 
@@ -136,6 +137,21 @@ def test_a_corrupt_packed_entry_is_ignored_and_rewritten():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pack_cache.cached_pack(weight)
+
+
+def test_cached_dense_copy_equals_dequantising(monkeypatch):
+    """Where the compiled kernels do not run, layers compute with a float32 copy: cached the same way."""
+    weight = random_stored(T.Q4_K, (512, 1024), seed=8)
+    expected = weight.dequantize(torch.float32)
+    assert torch.equal(pack_cache.cached_dense(weight), expected)
+    path = pack_cache.entry_path(weight, "dense").with_suffix(".npy")
+    with monkeypatch.context() as patch:
+        patch.setattr(StoredTensor, "dequantize", lambda *args: pytest.fail("the second call dequantised again"))
+        assert torch.equal(pack_cache.cached_dense(weight), expected)
+    path.write_bytes(path.read_bytes()[:1000])  # truncated
+    with pytest.warns(UserWarning, match="unreadable dense-weight"):
+        assert torch.equal(pack_cache.cached_dense(weight), expected)
+    assert torch.equal(pack_cache.cached_dense(weight), expected)
 
 
 def test_small_weights_and_files_are_not_cached(tmp_path, private_cache, monkeypatch):

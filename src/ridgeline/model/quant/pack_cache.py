@@ -1,5 +1,6 @@
 """Packed weights kept on disk, so that a second start of the same model skips repacking (~3 s of the default
-model's start on 2 cores, most of a warm start).
+model's start on 2 cores), and where the compiled kernels do not run, the float32 copies the layers compute with
+(gguf's dequantiser: ~10 s; ~1.1 GB on disk for the default model).
 
 An entry is named by what it was packed from: the stored bytes, type and shape, and the layout the packer
 writes. Any change to the weights (another file, a requantised LM head) or to the packer gives another name, so
@@ -25,10 +26,10 @@ MIN_CACHED_BYTES = 256 * 1024  # every matrix of a real model is larger; tests' 
 _PLANES = ("quants", "high", "d", "dmin", "sc", "m")
 
 
-def entry_path(weight: StoredTensor) -> Path:
+def entry_path(weight: StoredTensor, kind: str = "packed") -> Path:
     digest = hashlib.sha256(f"{PACK_LAYOUT}|{weight.qtype.name}|{weight.shape}|".encode())
     digest.update(memoryview(weight.data.contiguous().numpy()).cast("B"))
-    return native.CACHE_DIR / "packed" / f"{digest.hexdigest()[:40]}.npz"
+    return native.CACHE_DIR / kind / f"{digest.hexdigest()[:40]}.npz"
 
 
 def cached_pack(weight: StoredTensor) -> PackedWeight:
@@ -39,8 +40,25 @@ def cached_pack(weight: StoredTensor) -> PackedWeight:
     packed = _read(path, weight)
     if packed is None:
         packed = pack(weight)
-        _write(path, packed)
+        _write(path, lambda file: np.savez(file, **dict(zip(_PLANES, (plane.numpy() for plane in packed.planes)))))
     return packed
+
+
+def cached_dense(weight: StoredTensor) -> torch.Tensor:
+    """weight.dequantize(float32) (the layers' copy where the compiled kernels do not run), from the cache when
+    this machine dequantised the same weight before: gguf's dequantiser takes seconds for a whole model."""
+    if weight.nbytes < MIN_CACHED_BYTES:
+        return weight.dequantize(torch.float32)
+    path = entry_path(weight, "dense").with_suffix(".npy")
+    try:
+        return torch.from_numpy(np.load(path, allow_pickle=False))
+    except FileNotFoundError:
+        pass
+    except Exception as error:  # noqa: BLE001 - truncated or garbage: dequantise again and overwrite
+        warnings.warn(f"ridgeline: ignoring an unreadable dense-weight cache entry {path} ({type(error).__name__})")
+    dense = weight.dequantize(torch.float32)
+    _write(path, lambda file: np.save(file, dense.numpy()))
+    return dense
 
 
 def _read(path: Path, weight: StoredTensor) -> PackedWeight | None:
@@ -55,15 +73,16 @@ def _read(path: Path, weight: StoredTensor) -> PackedWeight | None:
     return PackedWeight(weight.qtype, weight.shape[0], weight.shape[1], *planes)
 
 
-def _write(path: Path, packed: PackedWeight) -> None:
+def _write(path: Path, save) -> None:
+    """save(file) into a temporary file beside `path`, renamed over it."""
     partial = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as file:
             partial = Path(file.name)
-            np.savez(file, **{name: plane.numpy() for name, plane in zip(_PLANES, packed.planes)})
+            save(file)
         os.replace(partial, path)  # readers see no entry or a whole one
     except OSError as error:  # a full or read-only cache costs the next start time, not this one
-        warnings.warn(f"ridgeline: could not cache packed weights at {path}: {error}")
+        warnings.warn(f"ridgeline: could not cache weights at {path}: {error}")
         if partial is not None:
             partial.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from torch import nn
 from ridgeline.model.native import compiled
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.crossover import crossover_rows
-from ridgeline.model.quant.pack_cache import cached_pack
+from ridgeline.model.quant.pack_cache import cached_dense, cached_pack
 from ridgeline.model.quant.packing import PackedWeight, dequantize_reference
 from ridgeline.model.weights import StoredTensor
 
@@ -94,7 +94,7 @@ class QuantizedLinear(nn.Module):
             crossover = crossover_rows(weight.qtype) if kernels.uses_compiled_kernels(packed) else 1
         layer = cls(packed, None if bias is None else bias.to(device), crossover)
         if not layer.compiled:  # gguf's vectorised dequantiser now, rather than torch's unpacking on first use
-            layer._dense = weight.dequantize(torch.float32).to(device)
+            layer._dense = cached_dense(weight).to(device)
         return layer
 
     def _apply(self, fn, recurse=True):
