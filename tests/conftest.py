@@ -39,3 +39,20 @@ def make_runner(checkpoint, weights: str, num_blocks: int = 64):
 def default_runner(default_checkpoint):
     """The default model as the engine runs it: weights kept quantised, phase-aware kernels."""
     return make_runner(default_checkpoint, "quantized")
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A real server on the tiny model, on a loopback port, for the tests of one module (a module may define its own)."""
+    from server_helpers import serve_tiny_model
+
+    with serve_tiny_model() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official `openai` client pointed at `server`."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

@@ -7,7 +7,11 @@ once per test session in a temporary directory: fast to load and fast to step, w
 import contextlib
 import functools
 import json
+import re
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import gguf
@@ -116,3 +120,26 @@ def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, max_model_le
     app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len), ServerConfig(**server_options))
     with BackgroundServer(app) as server:
         yield server
+
+
+@contextlib.contextmanager
+def serve_tiny_model_process(*options: str):
+    """`ridgeline serve` on the tiny model in a process of its own (one a test can signal or kill): (process, url).
+    Its stderr stays readable through process.stderr."""
+    command = [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(tiny_model_path()),
+               "--port", "0", "--kv-cache-memory", "10MiB", "--kv-cache-dtype", "fp32", *options]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        url, deadline = None, time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line and process.poll() is not None:
+                break
+            if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
+                url = match.group(1)
+        assert url, "the server did not start"
+        yield process, url
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -4,17 +4,13 @@ answers, streamed or whole, chat or completions, are the colocated ones; usage c
 between the workers; and every failure -- a dead prefill worker, a client gone between prefill and decode, a
 decode worker killed mid-stream -- ends in an explicit error with no page leaked on any worker."""
 
-import contextlib
-import re
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from server_helpers import tiny_engine, tiny_model_path
+from server_helpers import serve_tiny_model_process, tiny_engine
 
 from ridgeline.server.app import ServerConfig, create_app
 from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
@@ -125,28 +121,8 @@ def test_kv_params_on_the_wrong_role_are_refused(cluster):
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "kv_transfer_params"
 
 
-@contextlib.contextmanager
-def decode_process():
-    command = [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(tiny_model_path()),
-               "--port", "0", "--kv-cache-memory", "10MiB", "--kv-cache-dtype", "fp32", "--role", "decode"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    try:
-        url, deadline = None, time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = process.stderr.readline()
-            if not line and process.poll() is not None:
-                break
-            if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
-                url = match.group(1)
-        assert url, "the decode worker did not start"
-        yield process, url
-    finally:
-        process.kill()
-        process.wait()
-
-
 def test_a_decode_worker_killed_mid_stream_ends_the_stream_with_an_error():
-    with serve("prefill") as prefill, decode_process() as (process, decode):
+    with serve("prefill") as prefill, serve_tiny_model_process("--role", "decode") as (process, decode):
         front = create_front_app(FrontConfig((prefill.url,), (decode,), local_prefill_tokens=1))
         with BackgroundServer(front) as proxy:
             api = client(proxy.url)

@@ -2,23 +2,9 @@
 bans one, in greedy and sampled requests alike."""
 
 import httpx
-import openai
 import pytest
 
-from server_helpers import serve_tiny_model
-
 PROMPT = "The quick brown fox jumps over the lazy dog"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serve_tiny_model() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -2,24 +2,12 @@
 
 import httpx
 import jinja2
-import openai
 import pytest
 
-from server_helpers import CHAT_TEMPLATE, serve_tiny_model
+from server_helpers import CHAT_TEMPLATE
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 GREEDY = {"temperature": 0.0}
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serve_tiny_model() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")

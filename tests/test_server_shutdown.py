@@ -3,16 +3,13 @@ with 0; what is still running at the drain timeout is aborted and its KV blocks 
 
 import asyncio
 import json
-import re
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from server_helpers import tiny_engine, tiny_model_path
+from server_helpers import serve_tiny_model_process, tiny_engine
 
 from ridgeline.server.app import ServerConfig, create_app
 from ridgeline.server.launcher import BackgroundServer
@@ -20,22 +17,8 @@ from ridgeline.server.launcher import BackgroundServer
 
 @pytest.fixture
 def serve_process():
-    command = [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(tiny_model_path()),
-               "--port", "0", "--kv-cache-memory", "10MiB", "--kv-cache-dtype", "fp32", "--drain-timeout", "30"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line and process.poll() is not None:
-            break
-        if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
-            url = match.group(1)
-    assert url, "the server did not start"
-    yield process, url
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    with serve_tiny_model_process("--drain-timeout", "30") as served:
+        yield served
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_cleanly(serve_process):
