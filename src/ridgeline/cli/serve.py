@@ -29,6 +29,7 @@ def serve_command(
     max_body_kib: int = typer.Option(4096, "--max-body-kib", min=1, help="Largest request body accepted, in KiB (else 413)."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, help="Seconds in-flight requests get on SIGTERM."),
     log_prompts: bool = typer.Option(False, "--log-prompts", help="Put prompt text in the request log (off: ids and counts only)."),
+    speculative_tokens: int = typer.Option(0, "--speculative-tokens", min=0, help="Speculative decoding: guess up to this many next tokens per greedy request from n-grams already in its text, and verify them in the same step (0: off)."),
     role: str = typer.Option("both", "--role", help="both: prefill and decode here (colocated). prefill / decode: one side of disaggregated serving behind `ridgeline proxy`; a prefill worker keeps each prompt's KV pages for a decode worker to pull."),
     kv_bind: str = typer.Option("tcp://127.0.0.1:*", "--kv-bind", help="A prefill worker's KV endpoint, e.g. tcp://0.0.0.0:5557 (* = any free port)."),
     kv_host: str = typer.Option(None, "--kv-host", help="The host decode workers dial for this prefill worker's KV (default: as bound)."),
@@ -60,6 +61,7 @@ def serve_command(
         max_num_batched_tokens=max_num_batched_tokens,
         prefix_caching=not no_prefix_caching,
         max_model_len=max_model_len,
+        speculative_tokens=speculative_tokens,
     )
     server_config = ServerConfig(
         host=host,

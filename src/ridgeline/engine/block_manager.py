@@ -159,6 +159,16 @@ class BlockManager:
                 self._drop_reference(table[block])
                 table[block] = RELEASED
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the pages of blocks past the one holding token num_tokens - 1 (a decode's rejected guesses
+        had KV written there; never named, so they go straight to the free list)."""
+        keep = self.num_blocks_for(num_tokens)
+        for table in seq.block_tables:
+            while len(table) > keep:
+                page = table.pop()
+                if page != RELEASED:
+                    self._drop_reference(page)
+
     def fork(self, parent: Sequence, child: Sequence) -> int:
         """Share with a child holding no pages the parent's computed full blocks whose tokens the child also starts
         with (e.g. the prompt, for the n samples of one request), group by group. Returns how many of the child's

@@ -23,6 +23,7 @@ from ridgeline.engine.outputs import EngineStats, RequestOutput
 from ridgeline.engine.sampler import Sampler, TokenLogprobs
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from ridgeline.engine.speculative import NgramProposer, SpeculativeConfig
 from ridgeline.engine.sequence import Sequence
 from ridgeline.errors import RidgelineError
 from ridgeline.model.attention_batch import ForwardChunk
@@ -41,6 +42,7 @@ class EngineConfig:
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # owns the block (page) size
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_model_len: int | None = None  # cap on prompt + output tokens (vLLM's --max-model-len); None = the model's
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # n-gram speculative decoding (off)
     seed: int | None = None  # for unseeded sampled requests
 
     def __post_init__(self) -> None:
@@ -71,9 +73,11 @@ class LLMEngine:
                 raise RidgelineError(f"--max-model-len {config.max_model_len} exceeds the model's context of "
                                      f"{context} tokens")
             context = config.max_model_len
+        self.proposer = NgramProposer(config.speculative) if config.speculative.num_tokens else None
         self.scheduler = Scheduler(config.scheduler, self.num_pages, context, self.tokenizer.eos_ids,
                                    windows=[group.window for group in assembled.kv_cache.groups],
-                                   block_size=config.kv_cache.block_size)
+                                   block_size=config.kv_cache.block_size,
+                                   proposer=self.proposer.propose if self.proposer else None)
         self.admission = Admission(
             AdmissionLimits(self.model_config.vocab_size, self.scheduler.max_seq_len,
                             config.scheduler.max_num_batched_tokens, config.scheduler.enable_chunked_prefill),
@@ -124,38 +128,55 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return outputs
-        logits, last_rows = self._run(plan)
-        samples = self._sample(plan, logits, last_rows)
+        logits, row_ranges = self._run(plan)
+        samples = self._sample(plan, logits, row_ranges)
         updates = self.output_processor.detokenize(samples)
+        samples = [Sample(s.seq, s.token_ids[:updates[s.seq.request_id].num_tokens], s.logprobs)
+                   if s.seq.request_id in updates else s for s in samples]
         stop_string_hits = {request_id for request_id, update in updates.items() if update.stopped}
-        finished = self.scheduler.update(plan, [sample.token_id for sample in samples], stop_string_hits)
+        finished = self.scheduler.update(plan, [sample.token_ids for sample in samples], stop_string_hits)
         return outputs + self.output_processor.outputs(samples, updates, finished)
 
-    def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
+    def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[range]]:
         """One forward pass over the plan's chunks: a logits row per chunk, or per token of chunks that score
-        their prompt (prompt logprobs, collected here). Also returns each chunk's last row."""
+        their prompt (prompt logprobs, collected here) or verify guesses. Also returns each chunk's rows."""
         logits, counts = self.runner.forward([self._forward_chunk(chunk) for chunk in plan.chunks])
-        for chunk, end, count in zip(plan.chunks, itertools.accumulate(counts), counts):
-            self.output_processor.collect_prompt_logprobs(chunk, logits[end - count:end])
-        return logits, [end - 1 for end in itertools.accumulate(counts)]
+        ranges = [range(end - count, end) for end, count in zip(itertools.accumulate(counts), counts)]
+        for chunk, rows in zip(plan.chunks, ranges):
+            self.output_processor.collect_prompt_logprobs(chunk, logits[rows.start:rows.stop])
+        return logits, ranges
 
-    def _sample(self, plan: SchedulerOutput, logits: torch.Tensor, last_rows: list[int]) -> list[Sample]:
-        """One token for every chunk that ends at its sequence's last token, from that chunk's last logits row."""
-        sampling = [(chunk, row) for chunk, row in zip(plan.chunks, last_rows) if chunk.samples]
+    def _sample(self, plan: SchedulerOutput, logits: torch.Tensor, row_ranges: list[range]) -> list[Sample]:
+        """Tokens for every chunk that ends at its sequence's last token: one from its last logits row or, for a
+        decode that verifies guesses, the guesses the model agrees with and one more (engine/speculative.py)."""
+        sampling = [(chunk, rows if chunk.draft_token_ids else rows[-1:])
+                    for chunk, rows in zip(plan.chunks, row_ranges) if chunk.samples]
         if not sampling:
             return []
-        seqs = [chunk.seq for chunk, _ in sampling]
-        rows = [row for _, row in sampling]
+        seqs = [chunk.seq for chunk, rows in sampling for _ in rows]
+        rows = [row for _, rows in sampling for row in rows]
         # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
         sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
         result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
                               [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
-        return [Sample(seq, token_id, logprobs) for seq, token_id, logprobs in zip(seqs, result.token_ids, result.logprobs)]
+        samples, first = [], 0
+        for chunk, chunk_rows in sampling:
+            targets = result.token_ids[first:first + len(chunk_rows)]
+            logprobs = result.logprobs[first:first + len(chunk_rows)]
+            first += len(chunk_rows)
+            if chunk.draft_token_ids:
+                accepted = 0
+                while accepted < len(chunk.draft_token_ids) and chunk.draft_token_ids[accepted] == targets[accepted]:
+                    accepted += 1
+                self.proposer.verified(chunk.seq, len(chunk.draft_token_ids), accepted)
+                targets = self.scheduler.accepted_prefix(chunk.seq, targets[:accepted + 1])
+            samples.append(Sample(chunk.seq, targets, logprobs[:len(targets)]))
+        return samples
 
     def _forward_chunk(self, chunk: ScheduledChunk) -> ForwardChunk:
         return ForwardChunk(chunk.token_ids, chunk.start, chunk.block_tables,
-                        all_logits=self.output_processor.wants_prompt_logits(chunk),
-                        num_prompt_tokens=chunk.seq.num_prompt_tokens)
+                            all_logits=self.output_processor.wants_prompt_logits(chunk) or bool(chunk.draft_token_ids),
+                            num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     # ---- KV handoff (disaggregated prefill and decode; engine/kv_handoff.py) -----------------------------------
     def kv_layout(self) -> KVLayout:
@@ -207,7 +228,7 @@ class LLMEngine:
         if not self.scheduler.reserve_prefilled(seq):
             return None
         self.output_processor.add(seq)
-        self._first_tokens[request_id] = Sample(seq, manifest.first_token_id, first_logprobs)
+        self._first_tokens[request_id] = Sample(seq, [manifest.first_token_id], [first_logprobs])
         first_needed = seq.num_computed_tokens // bs  # blocks before it were hits in this engine's prefix cache
         # What a client is told was cached: what the prefill engine skipped computing, as when colocated.
         seq.num_cached_tokens = manifest.num_cached_tokens
@@ -243,4 +264,7 @@ class LLMEngine:
             prefix_cache_hits=cache.num_hit_tokens if cache else 0,
             num_preemptions=self.scheduler.num_preemptions,
             num_prefilled_tokens=self.scheduler.num_prefilled_tokens,
+            num_draft_tokens=self.proposer.num_proposed if self.proposer else 0,
+            num_accepted_tokens=self.proposer.num_accepted if self.proposer else 0,
+            num_verifications=self.proposer.num_verifications if self.proposer else 0,
         )

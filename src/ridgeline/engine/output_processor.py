@@ -24,11 +24,19 @@ from ridgeline.model.tokenizer.base import Tokenizer
 
 @dataclass(frozen=True)
 class Sample:
-    """One token sampled this step for the sequence of a sampling chunk."""
+    """The tokens a sampling chunk gives its sequence this step: one, or after verified guesses (speculative
+    decoding) the accepted ones and one more."""
 
     seq: Sequence
-    token_id: int
-    logprobs: TokenLogprobs | None
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+@dataclass(frozen=True)
+class TextUpdate:
+    text: str  # new text a stream may send now
+    stopped: bool  # a stop string completed
+    num_tokens: int  # of the sample's tokens, how many the text covers (fewer when a stop string came earlier)
 
 
 @dataclass
@@ -80,20 +88,27 @@ class OutputProcessor:
                                                          seq.sampling_params.prompt_logprobs))
 
     # ---- sampled tokens -------------------------------------------------------------------------------------
-    def detokenize(self, samples: list[Sample]) -> dict[str, StopUpdate]:
-        """Each sampled token's new text, through its request's stop checker; `.stopped` marks a completed stop
-        string. Requests aborted since the step was scheduled are skipped."""
+    def detokenize(self, samples: list[Sample]) -> dict[str, TextUpdate]:
+        """Each sample's new text, token by token through its request's stop checker, up to a completed stop string
+        (`.stopped`; the tokens after it are not the request's). Requests aborted since the step was scheduled are
+        skipped."""
         updates = {}
         for sample in samples:
             state = self._requests.get(sample.seq.request_id)
             if state is None:
                 continue
-            if state.logprobs is not None and sample.logprobs is not None:
-                state.logprobs.append(sample.logprobs)
-            updates[sample.seq.request_id] = state.stop.append(state.detokenizer.push(sample.token_id))
+            text, used, stopped = "", 0, False
+            for token_id, logprobs in zip(sample.token_ids, sample.logprobs):
+                if state.logprobs is not None and logprobs is not None:
+                    state.logprobs.append(logprobs)
+                update: StopUpdate = state.stop.append(state.detokenizer.push(token_id))
+                text, used, stopped = text + update.text, used + 1, update.stopped
+                if stopped:
+                    break
+            updates[sample.seq.request_id] = TextUpdate(text, stopped, used)
         return updates
 
-    def outputs(self, samples: list[Sample], updates: dict[str, StopUpdate], finished: Iterable[Sequence]) -> list[RequestOutput]:
+    def outputs(self, samples: list[Sample], updates: dict[str, TextUpdate], finished: Iterable[Sequence]) -> list[RequestOutput]:
         """One output per sampled request still tracked, plus the finished ones that sampled nothing (max_tokens=0)."""
         outputs = []
         for sample in samples:
@@ -105,7 +120,7 @@ class OutputProcessor:
             if sample.seq.is_finished and not update.stopped:
                 # EOS or length: release what the detokenizer and the stop checker still hold back.
                 new_text += state.stop.append(state.detokenizer.flush()).text + state.stop.flush()
-            outputs.append(self._output(state, [sample.token_id], new_text))
+            outputs.append(self._output(state, sample.token_ids[:update.num_tokens], new_text))
         for seq in finished:
             state = self._requests.get(seq.request_id)
             if state is not None and seq.request_id not in updates:

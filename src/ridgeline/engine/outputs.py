@@ -58,6 +58,19 @@ class EngineStats:
     prefix_cache_hits: int  # of which found cached
     num_preemptions: int
     num_prefilled_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits and forks skip theirs)
+    # Speculative decoding: guessed tokens verified, how many the model agreed with, and in how many verifications.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verifications: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def tokens_per_verification(self) -> float:
+        """Mean tokens a verifying decode step produced (accepted guesses + the one it always produces)."""
+        return 1 + self.num_accepted_tokens / self.num_verifications if self.num_verifications else 1.0
 
     @property
     def kv_cache_usage(self) -> float:

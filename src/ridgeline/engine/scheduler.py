@@ -43,10 +43,14 @@ class ScheduledChunk:
     # Per layer group, the sequence's pages as of this step: token i's KV for group g lives in page
     # block_tables[g][i // bs]; RELEASED (-1) for blocks a sliding-window group no longer reads.
     block_tables: tuple[tuple[int, ...], ...]
+    # A decode with guessed next tokens to verify in the same pass (engine/speculative.py): they follow the
+    # sequence's last token and count in num_tokens.
+    draft_token_ids: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.start : self.start + self.num_tokens]
+        own = self.seq.token_ids[self.start : self.start + self.num_tokens - len(self.draft_token_ids)]
+        return own + list(self.draft_token_ids) if self.draft_token_ids else own
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Scheduler:
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
         clock: Callable[[], float] = time.monotonic,  # a simulator passes its own clock
+        proposer: "Callable[[Sequence, int], list[int]] | None" = None,  # guesses for speculative decoding
         windows: Iterable[int | None] = (None,),  # attention window of each layer group (None = full attention)
         block_size: int = 16,  # tokens per KV block: the KV cache's page size (KVCacheConfig.block_size)
     ) -> None:
@@ -83,6 +88,7 @@ class Scheduler:
                                                     block_size, max_model_len)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
+        self.proposer = proposer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self._requests: dict[str, Sequence] = {}
@@ -203,6 +209,10 @@ class Scheduler:
             num_tokens = self._chunk_size(seq.num_uncomputed_tokens, budget)
             if num_tokens == 0:
                 continue
+            draft: tuple[int, ...] = ()
+            if self.proposer is not None and seq.num_uncomputed_tokens == 1:
+                draft = tuple(self.proposer(seq, min(budget - 1, self._draft_room(seq))))
+                num_tokens += len(draft)
             while not self.block_manager.allocate(seq, num_tokens):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -212,7 +222,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                scheduled[seq] = self._chunk(seq, num_tokens, now)
+                scheduled[seq] = self._chunk(seq, num_tokens, now, draft)
                 budget -= num_tokens
 
         # Admit in arrival order; none after a preemption (the pool is already short).
@@ -238,12 +248,13 @@ class Scheduler:
 
         return SchedulerOutput(chunks=list(scheduled.values()), preempted=preempted)
 
-    def update(self, output: SchedulerOutput, sampled_token_ids: list[int],
+    def update(self, output: SchedulerOutput, sampled_token_ids: list[int] | list[list[int]],
                stop_string_hits: Collection[str] = ()) -> list[Sequence]:
-        """Record that output's chunks were computed and append one sampled token per sampling chunk (in
-        output.sampling_chunks order). `stop_string_hits` names the requests whose new token completed a stop
-        string (found in the detokenised text by the output processor): they finish with reason "stop". Returns
-        the sequences that finished. Sequences aborted or finished since schedule() are skipped."""
+        """Record that output's chunks were computed and append the sampled token of each sampling chunk (in
+        output.sampling_chunks order; a chunk with guessed tokens gives a list: the accepted guesses and one more,
+        cut by accepted_prefix). `stop_string_hits` names the requests whose new token completed a stop string
+        (found in the detokenised text by the output processor): they finish with reason "stop". Returns the
+        sequences that finished. Sequences aborted or finished since schedule() are skipped."""
         if len(sampled_token_ids) != len(output.sampling_chunks):
             raise ValueError(f"expected {len(output.sampling_chunks)} sampled tokens, got {len(sampled_token_ids)}")
         now = self.clock()
@@ -254,6 +265,12 @@ class Scheduler:
             seq = chunk.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue
+            if chunk.draft_token_ids:
+                self._update_verified(seq, chunk, token_id if isinstance(token_id, list) else [token_id], now,
+                                      stop_string_hits, finished)
+                continue
+            if isinstance(token_id, list):
+                (token_id,) = token_id
             end = chunk.start + chunk.num_tokens
             self.num_prefilled_tokens += max(0, min(end, seq.num_prompt_tokens) - chunk.start)
             # Pages filled by this pass become hits for later requests (not earlier: their KV was not written).
@@ -271,6 +288,20 @@ class Scheduler:
                 self._finish(seq, reason)
                 finished.append(seq)
         return finished
+
+    def _update_verified(self, seq: Sequence, chunk: ScheduledChunk, token_ids: list[int], now: float,
+                         stop_string_hits: Collection[str], finished: list[Sequence]) -> None:
+        """A decode that verified guesses: its last token and the accepted guesses now have KV; append the new
+        tokens; give back the pages that only rejected guesses used."""
+        for token_id in token_ids:
+            seq.append_token(token_id, now)
+        # KV is valid for the last token and the guesses accepted before the final new token.
+        self.block_manager.mark_computed(seq, chunk.start + len(token_ids))
+        self.block_manager.trim(seq, seq.num_tokens)
+        reason = "stop" if seq.request_id in stop_string_hits else self._stop_reason(seq, token_ids[-1])
+        if reason is not None:
+            self._finish(seq, reason)
+            finished.append(seq)
 
     def finish_request(self, request_id: str, reason: str) -> Sequence | None:
         """End a request now (a stop string the detokenizer found, or an abort) and free its pages at once.
@@ -292,12 +323,34 @@ class Scheduler:
             return budget
         return 0
 
-    def _chunk(self, seq: Sequence, num_tokens: int, now: float) -> ScheduledChunk:
+    def _chunk(self, seq: Sequence, num_tokens: int, now: float, draft: tuple[int, ...] = ()) -> ScheduledChunk:
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
         start = seq.num_computed_tokens
-        samples = start + num_tokens == seq.num_tokens and seq.sampling_params.max_tokens != 0
-        return ScheduledChunk(seq, start, num_tokens, samples, tuple(map(tuple, seq.block_tables)))
+        samples = start + num_tokens - len(draft) == seq.num_tokens and seq.sampling_params.max_tokens != 0
+        return ScheduledChunk(seq, start, num_tokens, samples, tuple(map(tuple, seq.block_tables)), draft)
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """How many guessed tokens a decode may verify: a step appends the accepted ones plus one more, which
+        must stay within max_tokens and the longest sequence."""
+        room = self.max_seq_len - seq.num_tokens - 1
+        if seq.sampling_params.max_tokens is not None:
+            room = min(room, seq.sampling_params.max_tokens - len(seq.output_token_ids) - 1)
+        return room
+
+    def accepted_prefix(self, seq: Sequence, token_ids: list[int]) -> list[int]:
+        """The tokens of `token_ids` (several, after a verified guess) the sequence takes: up to and including the
+        first that ends it (EOS, a stop token, max_tokens, the longest sequence)."""
+        if len(token_ids) <= 1:
+            return token_ids
+        params, output_len, total = seq.sampling_params, len(seq.output_token_ids), seq.num_tokens
+        for index, token_id in enumerate(token_ids):
+            ends = ((token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids
+                    or (params.max_tokens is not None and output_len + index + 1 >= params.max_tokens)
+                    or total + index + 1 >= self.max_seq_len)
+            if ends:
+                return token_ids[:index + 1]
+        return token_ids
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

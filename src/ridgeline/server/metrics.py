@@ -45,6 +45,10 @@ class ServerMetrics:
         self.num_preemptions = gauge("ridgeline_num_preemptions", "Preemptions so far.")
         self.num_prefilled_tokens = gauge("ridgeline_prefilled_tokens", "Prompt tokens computed so far (prefix-cache hits and the shared prompt of n > 1 skip theirs).")
 
+        self.spec_draft_tokens = gauge("ridgeline_spec_decode_draft_tokens", "Guessed tokens verified so far (speculative decoding).")
+        self.spec_accepted_tokens = gauge("ridgeline_spec_decode_accepted_tokens", "Guessed tokens the model agreed with so far.")
+        self.spec_acceptance_rate = gauge("ridgeline_spec_decode_acceptance_rate", "Accepted / guessed tokens so far (0..1).")
+        self.spec_tokens_per_step = gauge("ridgeline_spec_decode_tokens_per_step", "Mean tokens a verifying decode step produced.")
         # Disaggregated prefill and decode (cluster/kv_transfer): what a decode worker pulled, what a prefill
         # worker served, and how the front placed each prefill.
         self.kv_pages_received = counter("ridgeline_kv_transfer_pages_received", "KV pages pulled from prefill workers.")
@@ -74,6 +78,10 @@ class ServerMetrics:
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
         self.num_preemptions.set(stats.num_preemptions)
         self.num_prefilled_tokens.set(stats.num_prefilled_tokens)
+        self.spec_draft_tokens.set(stats.num_draft_tokens)
+        self.spec_accepted_tokens.set(stats.num_accepted_tokens)
+        self.spec_acceptance_rate.set(stats.acceptance_rate)
+        self.spec_tokens_per_step.set(stats.tokens_per_verification)
 
     def observe_kv_received(self, pages: int, num_bytes: int, seconds: float) -> None:
         self.kv_pages_received.inc(pages)
