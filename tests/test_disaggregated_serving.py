@@ -136,3 +136,34 @@ def test_a_decode_worker_killed_mid_stream_ends_the_stream_with_an_error():
                         process.kill()
             assert len(received) >= 3
         assert_no_pages_leaked(prefill.url)
+
+
+def test_32_mixed_prompts_on_a_sliding_window_model_equal_colocated(tmp_path):
+    """A tiny Gemma 3 (window 8, blocks of 16: sliding groups move only their window's pages): 32 prompts of 3 to
+    156 tokens, half sharing prefixes, through the front with the openai client, greedy, equal colocated."""
+    from tiny_models import build_hf_model, save_tokenizer
+
+    from ridgeline.engine.kv_cache import KVCacheConfig
+    from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
+
+    build_hf_model("gemma3", tmp_path)
+    save_tokenizer(tmp_path)
+
+    def gemma_server(role: str):
+        engine = LLMEngine(EngineConfig(model=str(tmp_path), kv_cache=KVCacheConfig(16, "fp32", 16 << 20)))
+        return BackgroundServer(create_app(engine, ServerConfig(role=role)))
+
+    shared = [(11 * i) % 300 + 5 for i in range(40)]
+    prompts = [shared[: 8 + i] + [(7 * i + j) % 300 + 3 for j in range(5 * i)] if i % 2 else
+               [(13 * i + 5 * j) % 300 + 3 for j in range(3 + 5 * i)] for i in range(32)]
+    with gemma_server("prefill") as prefill, gemma_server("decode") as decode, gemma_server("both") as colocated:
+        with BackgroundServer(create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))) as proxy:
+            for prompt in prompts:
+                answers = []
+                for url in (proxy.url, colocated.url):
+                    api = client(url)
+                    answers.append(api.completions.create(model=api.models.list().data[0].id, prompt=prompt, max_tokens=8,
+                                                          temperature=0, extra_body={"ignore_eos": True}).choices[0].text)
+                assert answers[0] == answers[1], f"prompt of {len(prompt)} tokens"
+        assert metric(decode.url, "ridgeline_kv_transfer_pages_received_total") > 0
+        assert_no_pages_leaked(prefill.url, decode.url)

@@ -122,6 +122,8 @@ class DisaggregatedFront:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             return False  # several prompts in one request
+        if isinstance(prompt, list):  # token ids: counted already
+            return len(prompt) >= self.config.local_prefill_tokens
         try:
             ask = {"messages": body["messages"]} if "messages" in body else {"prompt": prompt}
             counted = await self.client.post(f"{decode_url}/tokenize", json=ask)
