@@ -6,7 +6,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from ridgeline.model.layers.linear import RowPaths, make_linear
+from ridgeline.model.layers.linear import make_linear
+from ridgeline.model.row_paths import RowPaths
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.moe import MixtureOfExperts
 from ridgeline.model.layers.shared_input import SharedInputLinear

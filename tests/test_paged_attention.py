@@ -106,7 +106,7 @@ def ragged_batch_with_sinks(heads, kv_heads, head_dim, dtype, window, seed=0):
     generator, k_cache, v_cache = setup(heads, kv_heads, head_dim, dtype, seed)
     shapes = [(37, 1), (0, 11), (9, 14), (0, 1)]  # decode deep in, prefill from 0, continued chunk, 1-token prompt
     tables = scattered_tables([start + length for start, length in shapes], generator)
-    batch = batch_of([SeqChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)], window)
+    batch = batch_of([ForwardChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)], window)
     q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
     sinks = torch.randn(heads, generator=generator) * 2  # some above every score, some below
     return q, k_cache, v_cache, batch, sinks

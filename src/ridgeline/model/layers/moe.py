@@ -13,7 +13,7 @@ whatever other rows share the call, RowPaths choosing its path by what the row i
 import torch
 from torch import nn
 
-from ridgeline.model.layers.linear import RowPaths
+from ridgeline.model.row_paths import RowPaths
 from ridgeline.model.layers.mlp import GatedMLP
 
 
