@@ -101,8 +101,10 @@ def _stacked_experts(model) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def write_gguf(model, arch: str, path: Path, expert_type: gguf.GGMLQuantizationType | None = None) -> None:
-    """`expert_type`: quantise the expert matrices to this GGML type (default: f32 as everything else)."""
+def write_gguf(model, arch: str, path: Path, expert_type: gguf.GGMLQuantizationType | None = None,
+               tokenizer: bool = False) -> None:
+    """`expert_type`: quantise the expert matrices to this GGML type (default: f32 as everything else);
+    `tokenizer`: store save_tokenizer's vocabulary too, so that the engine can serve the file."""
     config = model.config
     gguf_arch = GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(str(path), gguf_arch)
@@ -134,6 +136,8 @@ def write_gguf(model, arch: str, path: Path, expert_type: gguf.GGMLQuantizationT
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if tokenizer:
+        _add_tokenizer(writer, config.vocab_size)
 
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
@@ -187,6 +191,26 @@ def write_gguf(model, arch: str, path: Path, expert_type: gguf.GGMLQuantizationT
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, vocab_size: int) -> None:
+    """save_tokenizer's byte-level BPE as GGUF metadata, padded with unused tokens to the model's vocabulary."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        save_tokenizer(Path(directory), vocab_size)
+        bpe = json.loads((Path(directory) / "tokenizer.json").read_text())["model"]
+    tokens = sorted(bpe["vocab"], key=bpe["vocab"].get)
+    types = [gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL] * (len(tokens) - 2)
+    types += [gguf.TokenType.UNUSED] * (vocab_size - len(tokens))
+    tokens += [f"<unused{i}>" for i in range(vocab_size - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
 
 
 def save_tokenizer(directory: Path, vocab_size: int = 384) -> None:
