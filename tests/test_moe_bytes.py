@@ -18,7 +18,7 @@ from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
 from ridgeline.model.config import ModelConfig
 from ridgeline.model.step_bytes import StepBytes, last_step_bytes
 from ridgeline.model.transformer import ModelOptions
-from ridgeline.model.weights import StoredTensor
+from ridgeline.model.weights import SUPPORTED_TYPES, StoredTensor
 from ridgeline.napkin.model_specs import ModelSpec, model_spec
 
 REAL = model_spec("gpt-oss-120b")
@@ -110,3 +110,24 @@ def test_bench_latencys_napkin_figure_for_a_file_counts_only_the_routed_share(tm
     step = one_decode_step(tmp_path / "model.gguf", ModelOptions())  # f32 as stored
     assert step.routed_matrices == pytest.approx(share * sum(
         t.nbytes for n, t in checkpoint.tensors.items() if n.endswith("_exps.weight")))
+
+
+@pytest.mark.skipif(GGMLQuantizationType.MXFP4 not in SUPPORTED_TYPES, reason="MXFP4 weights not read yet")
+def test_mxfp4_experts_are_read_quantised_and_only_where_routed(tmp_path):
+    """gpt-oss ships its experts in MXFP4: they stay packed per expert (a row of blocks is a plain byte slice), and
+    a decode step still reads k/E of them; the logits follow the same weights dequantised at load."""
+    build = build_hf_model("gpt-oss", tmp_path)
+    write_gguf(build, "gpt-oss", tmp_path / "model.gguf", expert_type=GGMLQuantizationType.MXFP4)
+    config = read_checkpoint(tmp_path / "model.gguf").config
+    step = one_decode_step(tmp_path / "model.gguf", ModelOptions())
+    assert step.routed_matrices * config.num_experts == step.all_expert_matrices * config.experts_per_token
+
+    def logits(options: ModelOptions) -> torch.Tensor:
+        runner = assemble_model(tmp_path / "model.gguf", options, KVCacheConfig(block_size=4, dtype="fp32"),
+                                num_blocks=8).runner
+        prompt = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128]
+        return runner.forward([ForwardChunk(prompt, 0, runner.kv_cache.group_tables(list(range(3))),
+                                            all_logits=True)])[0]
+
+    reference = logits(ModelOptions(weights="f32"))
+    torch.testing.assert_close(logits(ModelOptions()), reference, rtol=0.05, atol=0.05 * reference.abs().max().item())
