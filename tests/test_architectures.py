@@ -1,5 +1,7 @@
-"""Tiny random llama / qwen2 / gemma3 models give the same logits as Hugging Face transformers (fp32, 1e-4 relative),
-whether loaded from safetensors or from a GGUF the test writes; and chunking or batching does not change them."""
+"""Tiny random llama / qwen2 / gemma3 / qwen3 / qwen3moe / gpt-oss models give the same logits as Hugging Face
+transformers (fp32, 1e-4 relative), whether loaded from safetensors or from a GGUF the test writes; and chunking or
+batching does not change them (for the MoE models: expert routing in ragged batches of decode rows and prefill
+chunks; for gpt-oss also its attention sinks, alternating 8-token sliding window and YaRN RoPE)."""
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.model.attention_batch import ForwardChunk
 
-PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128, 1, 2, 77, 380, 19, 23, 200, 8]  # > gemma3's window of 8
+PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128, 1, 2, 77, 380, 19, 23, 200, 8]  # > the windows of 8
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)

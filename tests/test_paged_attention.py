@@ -82,3 +82,53 @@ def test_a_released_page_inside_the_key_range_is_an_error():
         paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.125)
     windowed = batch_of([ForwardChunk([0], 9, [[-1, -1, 7]])], window=2)  # keys 8..9 only: released blocks unread
     assert torch.isfinite(paged_attention(q, k_cache, v_cache, windowed, windowed.groups[0], 0.125)).all()
+
+
+def naive_attention_with_sinks(q, k_cache, v_cache, batch, scale, sinks):
+    """Row by row and head by head, straight from the definition: softmax(scores ++ [sink]) without the sink's
+    weight, over exactly the row's keys (read through its block table)."""
+    heads, kv_heads = q.shape[1], k_cache.shape[1]
+    out = torch.empty_like(q)
+    group = batch.groups[0]
+    for row in range(q.shape[0]):
+        table = group.block_tables[batch.row_seq[row]].long()
+        positions = torch.arange(int(group.key_begin[row]), int(batch.key_end[row]))
+        slots = table[positions // BLOCK] * BLOCK + positions % BLOCK
+        for head in range(heads):
+            kv = head // (heads // kv_heads)
+            keys, values = k_cache[slots, kv].float(), v_cache[slots, kv].float()
+            scores = torch.cat([keys @ q[row, head] * scale, sinks[head:head + 1]])
+            out[row, head] = scores.softmax(0)[:-1] @ values
+    return out
+
+
+def ragged_batch_with_sinks(heads, kv_heads, head_dim, dtype, window, seed=0):
+    generator, k_cache, v_cache = setup(heads, kv_heads, head_dim, dtype, seed)
+    shapes = [(37, 1), (0, 11), (9, 14), (0, 1)]  # decode deep in, prefill from 0, continued chunk, 1-token prompt
+    tables = scattered_tables([start + length for start, length in shapes], generator)
+    batch = batch_of([ForwardChunk([0] * length, start, [table]) for (start, length), table in zip(shapes, tables)], window)
+    q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
+    sinks = torch.randn(heads, generator=generator) * 2  # some above every score, some below
+    return q, k_cache, v_cache, batch, sinks
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_torch_path_with_sinks_matches_the_definition(window):
+    q, k_cache, v_cache, batch, sinks = ragged_batch_with_sinks(8, 2, 32, torch.float32, window)
+    expected = naive_attention_with_sinks(q, k_cache, v_cache, batch, 0.17, sinks)
+    actual = paged_attention_reference(q, k_cache, v_cache, batch, batch.groups[0], 0.17, sinks)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    # the sink takes weight away from the values: the same rows without it differ
+    plain = paged_attention_reference(q, k_cache, v_cache, batch, batch.groups[0], 0.17)
+    assert not torch.allclose(plain, actual, atol=1e-3)
+
+
+@needs_compiled
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 64), (4, 1, 32), (16, 2, 64)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_kernel_with_sinks_matches_torch(dtype, heads, kv_heads, head_dim, window):
+    q, k_cache, v_cache, batch, sinks = ragged_batch_with_sinks(heads, kv_heads, head_dim, dtype, window)
+    expected = paged_attention_reference(q, k_cache, v_cache, batch, batch.groups[0], head_dim**-0.5, sinks)
+    actual = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], head_dim**-0.5, sinks)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)

@@ -3,28 +3,33 @@
 pp: one forward pass over a prompt of `prompt_tokens` random token ids (logits for the last one only).
 tg: `gen_tokens` one-token forward passes from an empty cache, each feeding back the argmax.
 Both run straight on the model (no scheduler, no sampling), as llama-bench does. Next to them: the bytes a
-decode step must read (weights as held in memory + the average KV cache), this machine's measured read
-bandwidth and bf16 matmul FLOP/s, and the napkin decode ceiling = bandwidth / bytes per token.
+decode step reads (the weights it touched, counted by the engine: shared weights + the experts its token was routed
+to in an MoE model, + the average KV cache), the napkin model's figure for the same weights, this machine's
+measured read bandwidth and bf16 matmul FLOP/s, and the napkin decode ceiling = bandwidth / bytes per token.
 """
 
 import statistics
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from ridgeline.bench.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
+from ridgeline.bench.model_source import shape_from_checkpoint
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, bytes_per_token
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.errors import RidgelineError
 from ridgeline.model.attention_batch import ForwardChunk
-from ridgeline.model.checkpoint import read_checkpoint
+from ridgeline.model.checkpoint import Checkpoint, read_checkpoint
 from ridgeline.model.layers.linear import DenseLinear
+from ridgeline.model.layers.moe import MixtureOfExperts
 from ridgeline.model.quant import QuantizedLinear
+from ridgeline.model.step_bytes import last_step_bytes
 from ridgeline.model.transformer import ModelOptions
+from ridgeline.napkin.model_shape import WeightGroup
 
 WEIGHT_MODES = ("quantized", "bf16", "f32")  # quantised in memory (f32 activations), or dequantised at load
 CACHE = KVCacheConfig(block_size=16, dtype="bf16", memory_bytes=0)  # sized in blocks for one sequence
@@ -50,7 +55,11 @@ class LatencyResult:
     gen_tokens: int
     pp_tok_s: list[float]
     tg_tok_s: list[float]
-    weight_bytes: int  # read once per decode step: every matrix as held in memory, norms included
+    weight_bytes: int  # every weight as held in memory, norms included
+    # Weight bytes a decode step read, counted by the engine (model/step_bytes.py): shared weights + routed experts
+    # + the token's embedding row; for a dense model all of weight_bytes. Averaged over tg steps.
+    decode_weight_bytes: float
+    napkin_weight_bytes: float  # the roofline's figure for the same weights: matrices + embedding row, k/E of experts
     kv_bytes_per_step: float  # average KV cache read per tg step (context grows 0 .. gen_tokens)
     read_bandwidth: float  # bytes/s, measured
     matmul_flops: float  # bf16 FLOP/s, measured
@@ -60,7 +69,7 @@ class LatencyResult:
 
     @property
     def bytes_per_token(self) -> float:
-        return self.weight_bytes + self.kv_bytes_per_step
+        return self.decode_weight_bytes + self.kv_bytes_per_step
 
     @property
     def ceiling_tok_s(self) -> float:
@@ -101,7 +110,8 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
             # Matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32; f32 activations.
             runner = assemble_model(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights, config.lm_head),
                                     CACHE, num_blocks=_num_blocks(config)).runner
-            results.append(_bench_model(runner, weights, config, bandwidth, flops, progress))
+            result = _bench_model(runner, weights, config, bandwidth, flops, progress)
+            results.append(replace(result, napkin_weight_bytes=napkin_weight_bytes(checkpoint, weights)))
             del runner
     return results
 
@@ -124,10 +134,12 @@ def _bench_model(runner: ModelRunner, weights: str, config: LatencyConfig, bandw
     def prefill() -> None:
         forward(prompt, 0, None)  # prompt rows: the compute-bound path
 
-    def generate(steps: int) -> None:
+    def generate(steps: int, step_bytes: list[int] | None = None) -> None:
         token = prompt[0]
         for position in range(steps):  # generated rows: the memory-bound path
             token = int(forward([token], position, 0).argmax())
+            if step_bytes is not None:
+                step_bytes.append(last_step_bytes(model, tokens=1).total)
 
     progress(f"{weights}: warming up")
     forward(prompt[: min(32, len(prompt))], 0, None)
@@ -143,10 +155,15 @@ def _bench_model(runner: ModelRunner, weights: str, config: LatencyConfig, bandw
     steps = max(1, min(config.gen_tokens, 32))
     with _timed_linears(model) as linear_seconds:
         step_seconds = _seconds(lambda: generate(steps)) / steps
+    # An MoE step's bytes depend on where its token was routed: count them over the same steps, untimed
+    step_bytes: list[int] = []
+    is_moe = any(isinstance(m, MixtureOfExperts) for m in model.modules())
+    generate(steps if is_moe else 1, step_bytes)
     return LatencyResult(
         weights=weights, threads=torch.get_num_threads(),
         prompt_tokens=config.prompt_tokens, gen_tokens=config.gen_tokens, pp_tok_s=pp or [0.0], tg_tok_s=tg or [0.0],
         weight_bytes=_resident_weight_bytes(model),
+        decode_weight_bytes=statistics.mean(step_bytes), napkin_weight_bytes=0.0,
         kv_bytes_per_step=bytes_per_token(model_config, CACHE) * config.gen_tokens / 2,
         read_bandwidth=bandwidth, matmul_flops=flops, linear_flops_per_token=2.0 * linear_weights,
         tg_step_ms=1e3 * step_seconds, tg_linear_ms=1e3 * linear_seconds[0] / steps,
@@ -199,6 +216,18 @@ def _weight_count(module: torch.nn.Module) -> int:
     if isinstance(module, DenseLinear):
         return module.weight.numel()
     return 0
+
+
+def napkin_weight_bytes(checkpoint: Checkpoint, weights: str) -> float:
+    """The roofline's weight bytes for one decode token of this checkpoint, in the format the weights are held in
+    (as stored for `quantized`; every parameter at 2 or 4 bytes when dequantised at load)."""
+    shape = shape_from_checkpoint(checkpoint)
+    if weights != "quantized":
+        size = 2 if weights == "bf16" else 4
+        shape = replace(shape, **{name: WeightGroup(group.params, group.params * size) for name, group in
+                                  (("embedding", shape.embedding), ("lm_head", shape.lm_head), ("dense", shape.dense),
+                                   ("experts", shape.experts))})
+    return shape.weight_bytes_read(1)
 
 
 def _resident_weight_bytes(model: torch.nn.Module) -> int:

@@ -41,6 +41,8 @@ def shape_from_checkpoint(checkpoint: "Checkpoint") -> ModelShape:
 
     embedding = group([EMBEDDING])
     lm_head = embedding if config.tie_word_embeddings else group([LM_HEAD])
+    # MoE experts (GGUF's *_exps tensors): a decode step reads only the routed ones
+    experts = [n for n in tensors if "_exps." in n]
     window = config.sliding_window
     return ModelShape(
         name=checkpoint.name,
@@ -54,7 +56,10 @@ def shape_from_checkpoint(checkpoint: "Checkpoint") -> ModelShape:
         max_context=config.max_context,
         embedding=embedding,
         lm_head=lm_head,
-        dense=group([n for n in tensors if n not in (EMBEDDING, LM_HEAD)]),
+        dense=group([n for n in tensors if n not in (EMBEDDING, LM_HEAD) and "_exps." not in n]),
+        experts=group(experts),
+        num_experts=config.num_experts,
+        experts_per_token=config.experts_per_token,
         tied_embeddings=config.tie_word_embeddings,
         sliding_window=window,
         num_sliding_layers=len(config.sliding_layers) if window else 0,

@@ -32,7 +32,7 @@ def latency_command(
     head = "" if lm_head == "keep" else f", LM head requantised to {lm_head}"
     table = Table(title=f"ridgeline bench latency ({first.threads} threads{head})")
     for column in ("weights", f"pp{config.prompt_tokens} tok/s", f"tg{config.gen_tokens} tok/s", "bytes/token",
-                   "ceiling tok/s", "tg % ceiling", "pp % peak", "tg step: linear / other ms"):
+                   "weights read: engine / napkin", "ceiling tok/s", "tg % ceiling", "pp % peak", "tg step: linear / other ms"):
         table.add_column(column, justify="right")
     for r in results:
         s = r.summary()
@@ -41,6 +41,7 @@ def latency_command(
             f"{s['pp_tok_s']['mean']:.1f} ± {s['pp_tok_s']['sd']:.1f}",
             f"{s['tg_tok_s']['mean']:.1f} ± {s['tg_tok_s']['sd']:.1f}",
             f"{r.bytes_per_token / 1e6:,.1f} MB",
+            f"{r.decode_weight_bytes / 1e6:,.1f} / {r.napkin_weight_bytes / 1e6:,.1f} MB",
             f"{r.ceiling_tok_s:.1f}",
             f"{r.tg_fraction_of_ceiling:.0%}",
             f"{r.pp_fraction_of_peak:.0%}",
@@ -49,6 +50,8 @@ def latency_command(
     out = Console()
     out.print(table)
     out.print(f"measured read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, bf16 matmul {first.matmul_flops / 1e9:.0f} GFLOP/s; "
-              "ceiling = bandwidth / bytes per decode token (weights + average KV cache); "
+              "ceiling = bandwidth / bytes per decode token (weights the step read + average KV cache); weights read: "
+              "what the engine counted a decode step reading (shared weights + routed experts) beside the roofline's "
+              "figure for the same weights (matrices only, k/E of the experts); "
               "pp % peak counts linear-layer FLOPs only; 'other' = everything outside the linear layers "
               "(attention, norms, RoPE, Python).")

@@ -14,7 +14,7 @@ torch::Tensor dequantize(int64_t qtype, torch::Tensor quants, torch::Tensor high
 // paged_attention.cpp
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
                               torch::Tensor row_seq, torch::Tensor key_begin, torch::Tensor key_end,
-                              int64_t block_size, double scale);
+                              int64_t block_size, double scale, torch::Tensor sinks);
 
 // layer_ops.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch::Tensor residual);

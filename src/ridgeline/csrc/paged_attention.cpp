@@ -10,6 +10,9 @@
 // exactly its keys, its values key by key), so a row computed as a decode, inside a prefill chunk of any size,
 // or next to other sequences gives the same bits. Work items are (row, KV head, bundle of the query heads
 // sharing it); the bundle only decides which heads share a pass over the keys, never a head's arithmetic.
+//
+// Attention sinks (gpt-oss): a learned logit per query head that joins the softmax's denominator (and its max)
+// but has no value, so a head can put weight "nowhere". Without sinks the kernel takes an empty tensor.
 #include "kernels.h"
 #include "parallel.h"
 #include "simd_math.h"
@@ -49,6 +52,7 @@ struct Item {
     float* out;           // [B, D]
     const int64_t* keys;  // element offset of each key's head vector in the K (and V) cache
     int64_t n;            // number of keys
+    const float* sinks;   // [B]: the bundle's sink logits, or nullptr
 };
 
 // Softmax(q k^T * scale) v for B query heads sharing one KV head. `scores` is [B, n] scratch.
@@ -78,7 +82,8 @@ void attend(const Item& item, const KV* k_cache, const KV* v_cache, int64_t head
             const __mmask16 lanes = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
             max = _mm512_mask_max_ps(max, lanes, max, _mm512_maskz_loadu_ps(lanes, s + i));
         }
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        const float sink = item.sinks ? item.sinks[b] : -INFINITY;
+        const __m512 top = _mm512_set1_ps(std::max(_mm512_reduce_max_ps(max), sink));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; i += 16) {
             const __mmask16 lanes = n - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
@@ -86,7 +91,11 @@ void attend(const Item& item, const KV* k_cache, const KV* v_cache, int64_t head
             _mm512_mask_storeu_ps(s + i, lanes, e);
             sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(lanes, e));
         }
-        inverse_sum[b] = 1.0f / _mm512_reduce_add_ps(sum);
+        float total = _mm512_reduce_add_ps(sum);
+        if (item.sinks) {  // exp16 of one lane, so the sink's term is rounded as every score's is
+            total += _mm512_cvtss_f32(exp16(_mm512_set1_ps(sink - _mm512_cvtss_f32(top))));
+        }
+        inverse_sum[b] = 1.0f / total;
     }
     for (int64_t c = 0; c < head_dim; c += 32) {  // 32 values: one 64-byte line of bf16 per key
         __m512 lo[B], hi[B];
@@ -142,7 +151,7 @@ namespace ridgeline {
 
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
                               torch::Tensor row_seq, torch::Tensor key_begin, torch::Tensor key_end,
-                              int64_t block_size, double scale) {
+                              int64_t block_size, double scale, torch::Tensor sinks) {
     TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous() && q.device().is_cpu(),
                 "paged_attention: q must be a contiguous [rows, heads, head_dim] float32 CPU tensor");
     TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
@@ -160,6 +169,10 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                 "paged_attention: head_dim must be a multiple of 32 and match the cache; heads a multiple of kv_heads");
     TORCH_CHECK(row_seq.numel() == rows && key_begin.numel() == rows && key_end.numel() == rows,
                 "paged_attention: one sequence and key range per row");
+    TORCH_CHECK(sinks.numel() == 0 || (sinks.numel() == heads && sinks.scalar_type() == torch::kFloat32 &&
+                                       sinks.is_contiguous()),
+                "paged_attention: sinks must be empty or one float32 logit per query head");
+    const float* sink_data = sinks.numel() ? sinks.data_ptr<float>() : nullptr;
 
     const int32_t* seq_of = row_seq.data_ptr<int32_t>();
     const int32_t* begin_of = key_begin.data_ptr<int32_t>();
@@ -203,7 +216,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                         keys[i] = ((table[p / block_size] * block_size + p % block_size) * kv_heads + kv_head) * head_dim;
                     }
                     const Item item{q_data + (r * heads + head) * head_dim, out_data + (r * heads + head) * head_dim,
-                                    keys.data(), n};
+                                    keys.data(), n, sink_data ? sink_data + head : nullptr};
                     attend<B>(item, k_data, v_data, head_dim, softmax_scale, scores.data());
                 }
             });

@@ -2,7 +2,24 @@
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "mistral", "qwen2")
+from ridgeline.errors import ModelLoadError, UnsupportedError
+
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gpt-oss")
+# How a mixture-of-experts router turns a token's logits into its experts' weights:
+# "softmax_topk": softmax over all experts, keep the top k (Qwen3-MoE; renormalised when norm_topk_prob);
+# "topk_softmax": keep the top k logits, softmax over those (gpt-oss).
+ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN RoPE scaling (gpt-oss): low frequencies interpolated by `factor`, high ones kept, a ramp between."""
+
+    factor: float
+    original_context: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # round the ramp's ends to whole dimensions (llama.cpp always does; HF gpt-oss does not)
 
 
 @dataclass(frozen=True)
@@ -30,16 +47,28 @@ class ModelConfig:
     sandwich_norms: bool = False  # norms after attention and MLP as well as before
     embedding_scale: float = 1.0
     attention_scale: float | None = None  # None: 1/sqrt(head_dim)
-    activation: str = "silu"  # "silu" or "gelu_tanh"
+    activation: str = "silu"  # "silu", "gelu_tanh" or "swiglu_oai" (gpt-oss: clamped, with swiglu_alpha/limit)
     tie_word_embeddings: bool = False
+    rope_yarn: YarnScaling | None = None
+    attention_sinks: bool = False  # gpt-oss: a learned per-head logit joins each softmax's denominator
+    # Mixture of experts (num_experts = 0: a dense gated MLP in every layer)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            from ridgeline.errors import UnsupportedError
-
             raise UnsupportedError(
                 f"unsupported architecture {self.architecture!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ModelLoadError(f"{self.experts_per_token} experts per token out of {self.num_experts} experts")
+        if self.routing not in ROUTINGS:
+            raise ModelLoadError(f"unknown expert routing {self.routing!r} (known: {', '.join(ROUTINGS)})")
 
     @property
     def query_groups(self) -> int:

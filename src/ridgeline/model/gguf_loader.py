@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
-from ridgeline.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from ridgeline.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, YarnScaling
 from ridgeline.model.gguf_index import load_index
 from ridgeline.model.weights import SUPPORTED_TYPES, StoredTensor
 
@@ -38,11 +38,13 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
     rope_linear = 1.0
     if meta.get(f"{arch}.rope.scaling.type") == "linear":
         rope_linear = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+    experts = int(meta.get(f"{arch}.expert_count", 0))
+    expert_ffn = int(get("expert_feed_forward_length")) if experts else 0
     common = dict(
         architecture=arch,
         vocab_size=int(vocab) if vocab else 0,
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=int(get("feed_forward_length", expert_ffn or None)),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -71,12 +73,36 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
             attention_scale=float(meta.get(f"{arch}.attention.scale", head_dim**-0.5)),
             activation="gelu_tanh",
         )
+    if arch == "gpt-oss":  # llama.cpp's fixed pattern: even layers slide, odd ones attend to everything
+        sliding = tuple(range(0, layers, 2)) if window else ()
+    else:
+        sliding = tuple(range(layers)) if window else ()
+    moe = {}
+    if experts:
+        moe = dict(num_experts=experts, experts_per_token=int(get("expert_used_count")),
+                   expert_intermediate_size=expert_ffn)
+    if arch == "qwen3moe":  # llama.cpp always renormalises Qwen3-MoE's top-k weights
+        moe.update(routing="softmax_topk", norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", True)))
+    if arch == "gpt-oss":  # the clamped SwiGLU's alpha and limit are fixed in llama.cpp too
+        moe.update(routing="topk_softmax", attention_sinks=True, activation="swiglu_oai")
     return ModelConfig(
         **common,
+        rope_yarn=_yarn(meta, arch),
         sliding_window=int(window) if window else None,
-        sliding_layers=tuple(range(layers)) if window else (),
+        sliding_layers=sliding,
         attention_bias=f"blk.0.attn_q.bias" in tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+        **moe,
     )
+
+
+def _yarn(meta: dict, arch: str) -> YarnScaling | None:
+    if meta.get(f"{arch}.rope.scaling.type") != "yarn":
+        return None
+    key = f"{arch}.rope.scaling"
+    return YarnScaling(float(meta[f"{key}.factor"]), int(meta[f"{key}.original_context_length"]),
+                       float(meta.get(f"{key}.yarn_beta_fast", 32.0)), float(meta.get(f"{key}.yarn_beta_slow", 1.0)),
+                       truncate=True)  # llama.cpp rounds the ramp's ends to whole dimensions
 
 
 def _unpermute_rows(weight: StoredTensor, num_heads: int) -> StoredTensor:
@@ -110,6 +136,10 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], dict[st
         tensors[entry.name] = StoredTensor(qtype, shape, data)
     if config.vocab_size == 0:
         config = replace(config, vocab_size=tensors["token_embd.weight"].shape[0])
+    if config.architecture == "gpt-oss":  # its post-attention norm is the MLP's input norm, as ffn_norm elsewhere
+        for i in range(config.num_layers):
+            if f"blk.{i}.post_attention_norm.weight" in tensors:
+                tensors[f"blk.{i}.ffn_norm.weight"] = tensors.pop(f"blk.{i}.post_attention_norm.weight")
     if config.architecture in ("llama", "mistral"):
         for i in range(config.num_layers):
             q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"

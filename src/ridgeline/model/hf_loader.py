@@ -13,10 +13,12 @@ from gguf import GGMLQuantizationType
 from safetensors import safe_open
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
-from ridgeline.model.config import ModelConfig
+from ridgeline.model.config import ModelConfig, YarnScaling
+from ridgeline.model.hf_experts import ExpertTensors
 from ridgeline.model.weights import StoredTensor
 
-MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3",
+               "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 DTYPES = {
     torch.float32: GGMLQuantizationType.F32,
     torch.float16: GGMLQuantizationType.F16,
@@ -35,8 +37,11 @@ LAYER_NAMES = {
     "mlp.down_proj": "ffn_down",
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.sinks": "attn_sinks",
 }
-LAYER_PATTERN = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+TOP_LEVEL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                   "lm_head.weight": "output.weight"}
+LAYER_PATTERN = re.compile(r"^model\.layers\.(\d+)\.(.+?)(?:\.(weight|bias))?$")
 
 
 def _rope_parameters(hf: dict) -> dict:
@@ -92,14 +97,47 @@ def config_from_hf(hf: dict) -> ModelConfig:
             attention_scale=hf.get("query_pre_attn_scalar", head_dim) ** -0.5,
             activation="gelu_tanh",
         )
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "mistral") else None
+    if arch == "gpt-oss":
+        window = hf.get("sliding_window")
+        layer_types = hf.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                for i in range(layers)]
+        sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention") if window else ()
+    else:
+        window = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "mistral") else None
+        sliding = tuple(range(layers)) if window else ()
     return ModelConfig(
         **common,
         rope_theta=float(rope["rope_theta"]),
+        rope_yarn=_yarn(rope),
         sliding_window=window,
-        sliding_layers=tuple(range(layers)) if window else (),
+        sliding_layers=sliding,
         attention_bias=arch == "qwen2" or hf.get("attention_bias", False),
+        qk_norm=arch in ("qwen3", "qwen3moe"),
+        **_moe_fields(hf, arch),
     )
+
+
+def _yarn(rope: dict) -> YarnScaling | None:
+    if rope.get("rope_type", rope.get("type")) != "yarn":
+        return None
+    return YarnScaling(float(rope["factor"]), int(rope["original_max_position_embeddings"]),
+                       float(rope.get("beta_fast") or 32.0), float(rope.get("beta_slow") or 1.0),
+                       bool(rope.get("truncate", True)))
+
+
+def _moe_fields(hf: dict, arch: str) -> dict:
+    if arch == "qwen3moe":
+        if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+            raise UnsupportedError("qwen3_moe with dense layers (mlp_only_layers / decoder_sparse_step) is not supported")
+        return dict(num_experts=hf.get("num_experts") or hf["num_local_experts"],
+                    experts_per_token=hf["num_experts_per_tok"], expert_intermediate_size=hf["moe_intermediate_size"],
+                    routing="softmax_topk", norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+    if arch == "gpt-oss":
+        return dict(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
+                    expert_intermediate_size=hf["intermediate_size"], routing="topk_softmax", attention_sinks=True,
+                    activation="swiglu_oai", swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
+                    swiglu_limit=float(hf.get("swiglu_limit", 7.0)))
+    return {}
 
 
 def llama3_frequency_factors(config: ModelConfig, rope: dict) -> torch.Tensor:
@@ -114,22 +152,22 @@ def llama3_frequency_factors(config: ModelConfig, rope: dict) -> torch.Tensor:
     return (1 / ((1 - smooth) / factor + smooth)).float()
 
 
-def _gguf_name(hf_name: str, arch: str) -> str | None:
-    if hf_name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf_name == "model.norm.weight":
-        return "output_norm.weight"
-    if hf_name == "lm_head.weight":
-        return "output.weight"
+def _gguf_tensors(hf_name: str, data: torch.Tensor, arch: str, experts: ExpertTensors) -> list[tuple[str, torch.Tensor]]:
+    """The tensor under its GGUF name(s): none if the model does not use it, several for fused expert tensors."""
+    if hf_name in TOP_LEVEL_NAMES:
+        return [(TOP_LEVEL_NAMES[hf_name], data)]
     match = LAYER_PATTERN.match(hf_name)
     if not match:
-        return None
+        return []
     layer, module, kind = match.groups()
+    moe = experts.take(layer, module, kind, data)
+    if moe is not None:
+        return moe
     if module == "post_attention_layernorm":
         name = "post_attention_norm" if arch == "gemma3" else "ffn_norm"
     else:
         name = LAYER_NAMES.get(module)
-    return f"blk.{layer}.{name}.{kind}" if name else None
+    return [(f"blk.{layer}.{name}.{kind or 'weight'}", data)] if name else []
 
 
 def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor]]:
@@ -145,21 +183,29 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor]]:
     if not files:
         raise ModelLoadError(f"{path} has no *.safetensors files")
     tensors: dict[str, StoredTensor] = {}
+    experts = ExpertTensors()
+
+    def store(name: str, data: torch.Tensor) -> None:
+        if config.architecture == "gemma3" and name.endswith("norm.weight"):
+            data = data.float() + 1  # Gemma's RMSNorm scales by (1 + w); GGUF stores 1 + w
+        tensors[name] = StoredTensor(DTYPES[data.dtype], tuple(data.shape), data)
+
     for file in files:
         try:
             with safe_open(file, framework="pt") as handle:
                 for hf_name in handle.keys():
-                    name = _gguf_name(hf_name.removeprefix("language_model."), config.architecture)
-                    if name is None:
-                        continue
+                    short = hf_name.removeprefix("language_model.")
+                    if short not in TOP_LEVEL_NAMES and not LAYER_PATTERN.match(short):
+                        continue  # e.g. a vision tower: not read at all
                     data = handle.get_tensor(hf_name)
-                    if data.dtype not in DTYPES:
-                        raise UnsupportedError(f"tensor {hf_name} has unsupported dtype {data.dtype}")
-                    if config.architecture == "gemma3" and name.endswith("norm.weight"):
-                        data = data.float() + 1  # Gemma's RMSNorm scales by (1 + w); GGUF stores 1 + w
-                    tensors[name] = StoredTensor(DTYPES[data.dtype], tuple(data.shape), data)
+                    for name, converted in _gguf_tensors(short, data, config.architecture, experts):
+                        if converted.dtype not in DTYPES:
+                            raise UnsupportedError(f"tensor {hf_name} has unsupported dtype {converted.dtype}")
+                        store(name, converted)
         except (OSError, RuntimeError) as error:
             raise ModelLoadError(f"{file} is not a readable safetensors file: {error}") from None
+    for name, stacked in experts.finish():
+        store(name, stacked)
     rope = _rope_parameters(hf)
     if rope.get("rope_type", rope.get("type")) == "llama3":
         factors = llama3_frequency_factors(config, rope)

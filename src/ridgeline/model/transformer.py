@@ -1,7 +1,9 @@
-"""The decoder-only transformer shared by every supported architecture (gemma3, llama, mistral, qwen2).
+"""The decoder-only transformer shared by every supported architecture (gemma3, llama, mistral, qwen2, qwen3,
+qwen3moe, gpt-oss).
 
 Architectures differ only in what ModelConfig says: QK-norm, sandwich norms, embedding scale, activation,
-sliding-window layers, RoPE bases, biases. Weights come as StoredTensors with GGUF names.
+sliding-window layers, RoPE bases and scaling, biases, attention sinks, and a mixture of experts in place of the
+dense MLP. Weights come as StoredTensors with GGUF names.
 """
 
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from ridgeline.model.layers.attention import PagedAttention
 from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import WEIGHT_FORMATS, PhaseAwareLinear, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
+from ridgeline.model.layers.moe import MixtureOfExperts
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import RotaryEmbedding
 from ridgeline.model.layers.shared_input import SharedInputLinear
@@ -75,6 +78,28 @@ class Transformer(nn.Module):
         def norm(name: str) -> RMSNorm:
             return RMSNorm(tensor(name).dequantize().to(options.device), config.rms_norm_eps)
 
+        def gated_mlp(gate_up: SharedInputLinear, down: nn.Module) -> GatedMLP:
+            return GatedMLP(gate_up, down, config.activation, config.swiglu_alpha, config.swiglu_limit)
+
+        def experts(p: str) -> MixtureOfExperts:
+            stacked = {name: tensor(f"{p}.{name}.weight") for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")}
+            biases = {name: tensor(f"{p}.{name}.bias", required=False) for name in stacked}
+            if stacked["ffn_gate_exps"].shape[0] != config.num_experts:
+                raise ModelLoadError(f"{checkpoint.path}: {p}.ffn_gate_exps holds {stacked['ffn_gate_exps'].shape[0]} "
+                                     f"experts, the metadata says {config.num_experts}")
+
+            def part(name: str, e: int) -> tuple[StoredTensor, StoredTensor | None]:
+                bias = biases[name]
+                return stacked[name].expert(e), None if bias is None else bias.expert(e)
+
+            mlps = []
+            for e in range(config.num_experts):
+                (gate, gate_bias), (up, up_bias), (down, down_bias) = (part(n, e) for n in stacked)
+                mlps.append(gated_mlp(SharedInputLinear([gate, up], [gate_bias, up_bias], options.weights, options.device),
+                                      make_linear(down, down_bias, options.weights, options.device)))
+            return MixtureOfExperts(linear(f"{p}.ffn_gate_inp"), mlps, config.experts_per_token, config.routing,
+                                    config.norm_topk_prob)
+
         groups = layer_groups(config)
         group_of_layer = {layer: index for index, group in enumerate(groups) for layer in group.layers}
         self.group_windows = [group.window for group in groups]
@@ -87,8 +112,12 @@ class Transformer(nn.Module):
                 group_of_layer[i],
                 norm(f"{p}.attn_q_norm.weight") if config.qk_norm else None,
                 norm(f"{p}.attn_k_norm.weight") if config.qk_norm else None,
+                tensor(f"{p}.attn_sinks.weight").dequantize() if config.attention_sinks else None,
             )
-            mlp = GatedMLP(shared_input(f"{p}.ffn_gate", f"{p}.ffn_up"), linear(f"{p}.ffn_down"), config.activation)
+            if config.num_experts:
+                mlp = experts(p)
+            else:
+                mlp = gated_mlp(shared_input(f"{p}.ffn_gate", f"{p}.ffn_up"), linear(f"{p}.ffn_down"))
             sandwich = config.sandwich_norms
             layers.append(DecoderLayer(
                 norm(f"{p}.attn_norm.weight"), attention,
@@ -111,7 +140,7 @@ class Transformer(nn.Module):
         divisors = tensors.get("rope_freqs.weight")
         divisors = divisors.dequantize() if divisors is not None else None
         self.rope_global = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_linear_factor,
-                                           divisors, options.device)
+                                           divisors, options.device, config.rope_yarn)
         self.rope_local = (RotaryEmbedding(config.head_dim, config.rope_local_theta, device=options.device)
                            if config.rope_local_theta else self.rope_global)
 

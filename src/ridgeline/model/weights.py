@@ -58,6 +58,15 @@ class StoredTensor:
         values = gguf_dequantize(self.data.numpy(), self.qtype)
         return torch.from_numpy(np.ascontiguousarray(values)).reshape(self.shape).to(dtype)
 
+    def expert(self, index: int) -> "StoredTensor":
+        """Expert `index` of a stacked MoE tensor ([experts, out, in] weights, [experts, out] biases), still in the
+        stored type: quantised rows are whole blocks, so an expert's slab is a plain slice of the bytes."""
+        if self.is_quantized:
+            slab = self.data.reshape(self.shape[0], -1, self.data.shape[-1])[index]  # [out, bytes per row]
+        else:
+            slab = self.data.reshape(self.shape)[index]
+        return StoredTensor(self.qtype, tuple(self.shape[1:]), slab)
+
     def select_rows(self, index: torch.Tensor) -> "StoredTensor":
         """Rows `index` (e.g. a permutation of attention heads), still in the stored type."""
         return StoredTensor(self.qtype, (len(index),) + tuple(self.shape[1:]), self.data[index].contiguous())

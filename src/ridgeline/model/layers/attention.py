@@ -13,8 +13,11 @@ from ridgeline.model.native import NO_TENSOR, compiled, on_compiled_path
 
 class PagedAttention(nn.Module):
     def __init__(self, qkv: SharedInputLinear, o: nn.Module, num_heads: int, num_kv_heads: int,
-                 head_dim: int, scale: float, group: int, q_norm: RMSNorm | None, k_norm: RMSNorm | None):
+                 head_dim: int, scale: float, group: int, q_norm: RMSNorm | None, k_norm: RMSNorm | None,
+                 sinks: torch.Tensor | None = None):
         super().__init__()
+        # gpt-oss: a per-head logit in each softmax's denominator (see attention_kernel.py)
+        self.register_buffer("sinks", None if sinks is None else sinks.float().contiguous(), persistent=False)
         self.qkv, self.o = qkv, o
         self.q_norm, self.k_norm = q_norm, k_norm
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -34,7 +37,7 @@ class PagedAttention(nn.Module):
             q = compiled().prepare_attention(q, k, v, *norms, *rope, k_cache, v_cache, view.slot_mapping)
         else:
             q = self._prepare(q, k, v, rope, k_cache, v_cache, view.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, batch, view, self.scale)
+        out = paged_attention(q, k_cache, v_cache, batch, view, self.scale, self.sinks)
         return self.o(out.view(x.shape[0], -1), paths)
 
     def _prepare(self, q, k, v, rope, k_cache, v_cache, slots) -> torch.Tensor:
