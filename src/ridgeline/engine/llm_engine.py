@@ -182,9 +182,12 @@ class LLMEngine:
     def kv_layout(self) -> KVLayout:
         cache = self.runner.kv_cache
         config = self.model_config
-        # The weights' identity: the file's name, its configuration, and how it was loaded (a Q4 and an f32 model of
-        # one config write different K and V for the same prompt).
-        model = f"{self.model_name}:{config!r}:{self.config.dtype}:{self.config.lm_head}"
+        # The weights' identity: the file's name, its shape, and how it was loaded (a Q4 and an f32 model of one
+        # shape write different K and V for the same prompt). Named fields, not the whole config's repr: two engines
+        # that read one file must agree however each came by its config (a start-up cache, say).
+        shape = (config.architecture, config.vocab_size, config.hidden_size, config.num_layers, config.num_heads,
+                 config.num_kv_heads, config.head_dim, config.sliding_window, tuple(config.sliding_layers))
+        model = f"{self.model_name}:{shape}:{self.config.dtype}:{self.config.lm_head}"
         return KVLayout(model=model, kv_dtype=self.config.kv_cache.dtype,
                         block_size=cache.block_size, windows=tuple(group.window for group in cache.groups),
                         layers_per_group=len(cache.groups[0].layers), num_kv_heads=config.num_kv_heads,
