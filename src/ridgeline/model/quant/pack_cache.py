@@ -51,7 +51,12 @@ def cached_dense(weight: StoredTensor) -> torch.Tensor:
         return weight.dequantize(torch.float32)
     path = entry_path(weight, "dense").with_suffix(".npy")
     try:
-        return torch.from_numpy(np.load(path, allow_pickle=False))
+        # Mapped, not read: a warm start is ready at once and the pages come in on the first request that reads
+        # them (as llama.cpp maps its weights). The layers never write to it.
+        mapped = np.load(path, allow_pickle=False, mmap_mode="r")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch's note that the array is read-only
+            return torch.from_numpy(mapped)
     except FileNotFoundError:
         pass
     except Exception as error:  # noqa: BLE001 - truncated or garbage: dequantise again and overwrite
