@@ -6,7 +6,7 @@ __all__ = ["LLM", "EngineConfig", "SamplingParams"]
 
 
 def __getattr__(name: str):
-    # Lazy, so `ridgeline --help` and the roofline tools do not pay for importing torch.
+    # Lazy, so `ridgeline --help` and the roofline tools do not pay for importing torch (tests/test_cli_imports.py).
     if name == "LLM":
         from ridgeline.engine.llm import LLM
 

@@ -7,7 +7,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ridgeline.cli.app import bench_app
-from ridgeline.bench.bench_latency import WEIGHT_MODES, LatencyConfig, run_latency
 
 
 @bench_app.command("latency", help="Prompt processing (pp) and generation (tg) tok/s, bytes per decode token and % of the bandwidth ceiling.")
@@ -17,11 +16,14 @@ def latency_command(
     gen_tokens: int = typer.Option(128, "-n", "--gen-tokens", min=0, help="Tokens generated in the tg test (0 skips it)."),
     threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),
     repetitions: int = typer.Option(3, "--repetitions", "-r", min=1, help="Runs of each test (mean ± sd)."),
-    weights: list[str] = typer.Option(list(WEIGHT_MODES), "--weights", help="quantized (kept quantised in memory), bf16 or f32 (dequantised at load); repeat to run several."),
+    weights: list[str] = typer.Option(None, "--weights", help="quantized (kept quantised in memory), bf16 or f32 (dequantised at load); repeat to run several (default: all three)."),
     lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) or q4 (Q4_0): fewer bytes per token, some accuracy (measure it with `ridgeline perplexity --lm-head`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, tuple(weights), lm_head)
+    # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
+    from ridgeline.bench.bench_latency import WEIGHT_MODES, LatencyConfig, run_latency
+
+    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, tuple(weights or WEIGHT_MODES), lm_head)
     console = Console(stderr=True)
     with console.status("starting", spinner="dots") as status:
         results = run_latency(config, progress=lambda text: status.update(text))

@@ -2,16 +2,19 @@
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ridgeline.bench.bench_throughput import DEFAULT_BATCH_SIZES, ThroughputConfig, ThroughputReport, run_throughput
 from ridgeline.cli.app import bench_app
 from ridgeline.cli.engine_options import engine_config
 from ridgeline.errors import RidgelineError
+
+if TYPE_CHECKING:
+    from ridgeline.bench.bench_throughput import ThroughputConfig, ThroughputReport
 
 
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
@@ -27,14 +30,17 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 @bench_app.command("throughput", help="Aggregate decode tok/s at each batch size (offline, all requests at once), beside the roofline's ceiling.")
 def throughput_command(
     model: Path = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
-    batch_sizes: str = typer.Option(",".join(map(str, DEFAULT_BATCH_SIZES)), "--batch-sizes", help="Comma-separated numbers of concurrent sequences."),
+    batch_sizes: str = typer.Option(None, "--batch-sizes", help="Comma-separated numbers of concurrent sequences (default: 1,2,4,8,16,32,64)."),
     input_len: int = typer.Option(128, "--input-len", min=1, help="Prompt tokens per request (random ids)."),
     output_len: int = typer.Option(128, "--output-len", min=2, help="Tokens each request generates (EOS ignored)."),
     threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (usable as `ridgeline roofline --measured`)."),
     plot: Path = typer.Option(None, "--plot", help="Write a roofline chart (PNG) with the measured decode points on it."),
 ) -> None:
-    sizes = parse_batch_sizes(batch_sizes)
+    # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
+    from ridgeline.bench.bench_throughput import DEFAULT_BATCH_SIZES, ThroughputConfig, run_throughput
+
+    sizes = parse_batch_sizes(batch_sizes) if batch_sizes is not None else DEFAULT_BATCH_SIZES
     config = ThroughputConfig(engine_config(model, threads=threads), sizes, input_len, output_len)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
@@ -49,7 +55,7 @@ def throughput_command(
     print_report(report, config, summary.get("plot"))
 
 
-def write_plot(report: ThroughputReport, config: ThroughputConfig, path: Path) -> Path:
+def write_plot(report: "ThroughputReport", config: "ThroughputConfig", path: Path) -> Path:
     from ridgeline.bench.model_source import load_model_shape
     from ridgeline.napkin.measured import parse_points
     from ridgeline.napkin.plot import plot_roofline
@@ -62,7 +68,7 @@ def write_plot(report: ThroughputReport, config: ThroughputConfig, path: Path) -
     return plot_roofline(roofline, path, context=context, decode_batches=config.batch_sizes, measured=points)
 
 
-def print_report(report: ThroughputReport, config: ThroughputConfig, plot: str | None) -> None:
+def print_report(report: "ThroughputReport", config: "ThroughputConfig", plot: str | None) -> None:
     table = Table(title=f"{report.model}, {report.threads} threads, {config.input_len} in / {config.output_len} out "
                         "per request")
     for column in ("batch", "prefill s", "prefill tok/s", "decode s", "decode tok/s", "roofline", "% roof", "preempt"):

@@ -8,8 +8,6 @@ from rich.console import Console
 
 from ridgeline.cli.app import app
 from ridgeline.cli.engine_options import engine_config
-from ridgeline.engine.llm import LLM
-from ridgeline.engine.sampling_params import SamplingParams
 
 
 @app.command("generate", help="Generate a completion for PROMPT, streaming tokens as they are produced.")
@@ -25,6 +23,10 @@ def generate_command(
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
     lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 or q4."),
 ) -> None:
+    # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
+    from ridgeline.engine.llm import LLM
+    from ridgeline.engine.sampling_params import SamplingParams
+
     console = Console(stderr=True)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     params.validate()

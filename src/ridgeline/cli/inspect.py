@@ -8,8 +8,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ridgeline.cli.app import app
-from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.model.summary import summarize
 
 
 @app.command("inspect", help="Print a model's architecture, hyper-parameters, bytes per tensor type, parameter count "
@@ -17,6 +15,10 @@ from ridgeline.model.summary import summarize
 def inspect_command(
     model: Path = typer.Argument(None, help="GGUF file or Hugging Face directory (default: the bundled Gemma 3 270M Q4_K_M)."),
 ) -> None:
+    # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
+    from ridgeline.model.checkpoint import read_checkpoint
+    from ridgeline.model.summary import summarize
+
     checkpoint = read_checkpoint(model)
     summary = summarize(checkpoint)
     console = Console()

@@ -2,18 +2,12 @@
 
 from pathlib import Path
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from ridgeline.bench.perplexity import perplexity
 from ridgeline.cli.app import app
-from ridgeline.engine.assemble import assemble_model
-from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.errors import RidgelineError
-from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.model.transformer import ModelOptions
 
 
 @app.command("perplexity", help="Perplexity of FILE in non-overlapping --ctx windows, each scored on its second half "
@@ -32,6 +26,15 @@ def perplexity_command(
         raise RidgelineError(f"text file not found: {file}")
     if ctx < 4:
         raise RidgelineError(f"--ctx must be at least 4, got {ctx}")
+    # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
+    import torch
+
+    from ridgeline.bench.perplexity import perplexity
+    from ridgeline.engine.assemble import assemble_model
+    from ridgeline.engine.kv_cache import KVCacheConfig
+    from ridgeline.model.checkpoint import read_checkpoint
+    from ridgeline.model.transformer import ModelOptions
+
     if threads:
         torch.set_num_threads(threads)
     console = Console()

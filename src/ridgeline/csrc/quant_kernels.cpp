@@ -272,7 +272,6 @@ torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::
     return out;
 }
 
-// Round-to-nearest-even float -> bf16 bits, without requiring AVX512-BF16.
 // The rows of one block whose output pointer is not null, dequantised: w = a * u - b.
 template <int QT, typename Out>
 void dequantize_block(const Block& w, int64_t k, Out* const* rows) {
