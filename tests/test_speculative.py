@@ -32,8 +32,12 @@ def test_the_proposer_copies_what_followed_the_latest_earlier_occurrence_of_the_
     assert NgramProposer(SpeculativeConfig(num_tokens=3)).propose(seq([5, 6, 7, 5, 6]), room=1) == [7]
     # The longest matching n-gram wins: "9 5 6" occurred before "4 5 6" ended the text.
     assert NgramProposer(SpeculativeConfig(num_tokens=2)).propose(seq([9, 5, 6, 1, 4, 5, 6, 2, 9, 5, 6]), room=2) == [1, 4]
+    penalised = seq([5, 6, 5, 6], SamplingParams(temperature=0, repetition_penalty=1.2))
+    assert NgramProposer(SpeculativeConfig(num_tokens=3)).propose(penalised, room=3) == []  # history-dependent rows
+    with_logprobs = seq([5, 6, 5, 6], SamplingParams(temperature=0, logprobs=2))
+    assert NgramProposer(SpeculativeConfig(num_tokens=3)).propose(with_logprobs, room=3) == []
     sampled = seq([5, 6, 5, 6], SamplingParams(temperature=0.8))
-    assert NgramProposer(SpeculativeConfig(num_tokens=3)).propose(sampled, room=3) == []  # greedy requests only
+    assert NgramProposer(SpeculativeConfig(num_tokens=3)).propose(sampled, room=3) == [5, 6]
 
 
 def engine(speculative_tokens: int = 0, max_num_seqs: int = 16) -> LLMEngine:
@@ -68,7 +72,10 @@ def workload() -> dict[str, tuple[list[int], SamplingParams]]:
 def test_greedy_output_is_the_same_with_and_without_speculation(speculative_tokens):
     plain = run(engine(), workload())
     fast = engine(speculative_tokens)
-    assert run(fast, workload()) == plain
+    speculated = run(fast, workload())
+    # The sampled request keeps its distribution, not its tokens (rejection sampling draws differently).
+    assert len(speculated.pop("sampled")[0]) == len(plain.pop("sampled")[0]) == 30
+    assert speculated == plain
     stats = fast.stats()
     assert stats.num_accepted_tokens > 0 and stats.tokens_per_verification > 1
     assert stats.num_free_pages == stats.num_total_pages, "pages of rejected guesses went back"
@@ -89,3 +96,38 @@ def test_text_with_nothing_to_copy_soon_stops_proposing():
     stats = fast.stats()
     # Whatever it guessed, repeated misses pause proposing: far fewer verifications than decode steps.
     assert stats.num_verifications < 100
+
+
+def test_rejection_sampling_keeps_the_target_distribution_at_every_position():
+    """verify_guesses against the distributions it must reproduce: the first token ~ p0 whatever the guess; given
+    the first guess accepted, the second ~ p1; given both accepted, the bonus ~ p2. 6,000 seeded draws, each
+    frequency within 4.5 standard errors (the draws are seeded: the outcome is fixed, not flaky)."""
+    import numpy as np
+    import torch
+
+    from ridgeline.engine.sampler import Sampler
+
+    p = np.array([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05], [0.1, 0.6, 0.1, 0.1, 0.05, 0.05], [0.3, 0.3, 0.2, 0.1, 0.05, 0.05]])
+    logits = torch.tensor(np.log(p), dtype=torch.float32) * 2.0  # temperature 2 below undoes the scale
+    guesses = [1, 1]
+    draws = [Sampler().verify_guesses(logits, SamplingParams(temperature=2.0, seed=seed), guesses, step=0)
+             for seed in range(6000)]
+
+    def assert_distributed_as(tokens: list[int], expected: np.ndarray) -> None:
+        counts = np.bincount(tokens, minlength=len(expected)) / len(tokens)
+        error = np.sqrt(expected * (1 - expected) / len(tokens))
+        assert np.all(np.abs(counts - expected) <= 4.5 * error + 1e-9), (counts, expected)
+
+    assert_distributed_as([d[0] for d in draws], p[0])
+    assert_distributed_as([d[1] for d in draws if d[0] == guesses[0]], p[1])
+    assert_distributed_as([d[2] for d in draws if d[:2] == guesses], p[2])
+    assert {len(d) for d in draws} == {1, 2, 3}  # rejections at each position, and runs accepted whole
+
+
+def test_sampled_requests_speculate_and_finish_cleanly():
+    fast = engine(4)
+    params = SamplingParams(temperature=0.3, top_k=3, seed=11, max_tokens=50, ignore_eos=True)
+    results = run(fast, {f"s{i}": (REPEATING, dataclasses.replace(params, seed=i)) for i in range(4)})
+    assert all(len(tokens) == 50 for tokens, _, _ in results.values())
+    stats = fast.stats()
+    assert stats.num_verifications > 0 and stats.num_free_pages == stats.num_total_pages

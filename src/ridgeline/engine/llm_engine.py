@@ -153,14 +153,28 @@ class LLMEngine:
                     for chunk, rows in zip(plan.chunks, row_ranges) if chunk.samples]
         if not sampling:
             return []
-        seqs = [chunk.seq for chunk, rows in sampling for _ in rows]
-        rows = [row for _, rows in sampling for row in rows]
-        # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
-        sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
-        result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
-                              [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
+        # Sampled requests' guesses are verified apart (rejection sampling); everything else in one batched call.
+        batched = [(chunk, rows) for chunk, rows in sampling
+                   if not (chunk.draft_token_ids and not chunk.seq.sampling_params.is_greedy)]
+        seqs = [chunk.seq for chunk, rows in batched for _ in rows]
+        rows = [row for _, rows in batched for row in rows]
+        result = None
+        if rows:
+            # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
+            sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
+                                  [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
         samples, first = [], 0
         for chunk, chunk_rows in sampling:
+            if chunk.draft_token_ids and not chunk.seq.sampling_params.is_greedy:
+                seq = chunk.seq
+                tokens = self.sampler.verify_guesses(logits[chunk_rows.start:chunk_rows.stop], seq.sampling_params,
+                                                     chunk.draft_token_ids, len(seq.output_token_ids))
+                accepted = len(tokens) - 1 if tokens[:-1] == list(chunk.draft_token_ids[:len(tokens) - 1]) else 0
+                self.proposer.verified(seq, len(chunk.draft_token_ids), accepted)
+                tokens = self.scheduler.accepted_prefix(seq, tokens)
+                samples.append(Sample(seq, tokens, [None] * len(tokens)))
+                continue
             targets = result.token_ids[first:first + len(chunk_rows)]
             logprobs = result.logprobs[first:first + len(chunk_rows)]
             first += len(chunk_rows)

@@ -122,16 +122,41 @@ class Sampler:
             self._buffer = torch.empty(ROW_CHUNK, vocab, device=device)
         return self._buffer[:rows]
 
-    def _uniform(self, params: SamplingParams, step: int) -> float:
+    def _uniform(self, params: SamplingParams, step: int, stream: str = "") -> float:
         if params.seed is None:
             return self._rng.random()
-        return seeded_uniform(params.seed, step)
+        return seeded_uniform(params.seed, step, stream)
+
+    def verify_guesses(self, logits: torch.Tensor, params: SamplingParams, guesses: Sequence[int], step: int) -> list[int]:
+        """Speculative decoding for a sampled request: logits [len(guesses) + 1, vocab] at the guesses' positions,
+        `step` = tokens generated before the first. An n-gram guess is a point mass, so standard rejection sampling
+        reduces to: accept guess i with probability p_i(guess), where p_i is the row's sampling distribution; on
+        the first rejection draw from p_i without the guess, renormalised; if every guess is accepted, draw one more
+        from the last row. Each returned token is distributed exactly as sampling one token a step would give."""
+        work = logits.float().clone()
+        rows = [params] * work.shape[0]
+        if params.logit_bias:
+            apply_logit_bias(work, rows)
+        weights = processed_weights(work, rows)
+        tokens: list[int] = []
+        for i, guess in enumerate(guesses):
+            row = weights[i]
+            if self._uniform(params, step + i, "accept") * float(row.sum()) < float(row[guess]):
+                tokens.append(int(guess))
+                continue
+            row[guess] = 0.0
+            tokens.append(int(_inverse_cdf_draw(row[None], [self._uniform(params, step + i)])[0]))
+            return tokens
+        last = len(guesses)
+        tokens.append(int(_inverse_cdf_draw(weights[last:last + 1], [self._uniform(params, step + last)])[0]))
+        return tokens
 
 
-def seeded_uniform(seed: int, step: int) -> float:
-    """A uniform in [0, 1) that depends only on (seed, step): a counter-based draw, so no generator
-    state has to follow the request around, and the value is the same on every device."""
-    digest = hashlib.blake2b(f"{seed}:{step}".encode(), digest_size=8).digest()
+def seeded_uniform(seed: int, step: int, stream: str = "") -> float:
+    """A uniform in [0, 1) that depends only on (seed, step) and the stream it is for: a counter-based draw, so no
+    generator state has to follow the request around, and the value is the same on every device."""
+    key = f"{seed}:{step}" if not stream else f"{seed}:{step}:{stream}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") >> 11) * 2.0**-53
 
 
@@ -178,6 +203,12 @@ def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> 
 def sample_from_logits(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> torch.Tensor:
     """Sample one token per row of contiguous float32 logits [R, vocab] (overwritten) with row i's
     temperature, top-k, top-p and min-p, using uniforms[i] in [0, 1) as the row's only randomness."""
+    return _inverse_cdf_draw(processed_weights(logits, params), uniforms)
+
+
+def processed_weights(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Each row's unnormalised sampling distribution (temperature, then top-k, top-p and min-p), in place of the
+    contiguous float32 logits [R, vocab]."""
     device, vocab = logits.device, logits.shape[-1]
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
     # Unnormalised weights exp((logit - max) / T): the most likely token weighs exactly 1.
@@ -187,7 +218,7 @@ def sample_from_logits(logits: torch.Tensor, params: Sequence[SamplingParams], u
     if any(p.min_p > 0.0 for p in params):
         # Relative to the most likely token, whose weight is 1 (top-k/top-p always keep it).
         weights.masked_fill_(weights < torch.tensor([p.min_p for p in params], device=device)[:, None], 0.0)
-    return _inverse_cdf_draw(weights, uniforms)
+    return weights
 
 
 def apply_top_k_top_p(weights: torch.Tensor, top_k: list[int], top_p: list[float], candidates: int = TOP_P_CANDIDATES) -> None:

@@ -3,9 +3,10 @@ latest n-gram earlier in its own tokens and proposing what followed it, then che
 
 A decode step is memory-bound: it reads every weight once whether it computes 1 row or 1 + k, so k guessed tokens
 verified in the same step cost little more than one token and, when they are right, turn one stream into a small
-batch. Greedy requests only, for now: a guess is accepted while it equals the model's own argmax at its position,
-so the output is token for token what decoding without speculation gives (the rows of the guesses take the same
-matmul path as decode rows, batch invariance does the rest). Requests that sample, ask for logprobs or use
+batch. A greedy request accepts a guess while it equals the model's own argmax at its position, so the output is
+token for token what decoding without speculation gives (the rows of the guesses take the same matmul path as
+decode rows, batch invariance does the rest). A sampled request verifies by rejection sampling
+(Sampler.verify_guesses), which keeps the target distribution exactly. Requests that ask for logprobs or use
 penalties (which depend on the tokens before each position) decode one token a step as before.
 
 Adaptive: each sequence proposes at most as many tokens as its last verification accepted plus one (up to
@@ -57,7 +58,7 @@ class NgramProposer:
     @staticmethod
     def eligible(seq: Sequence) -> bool:
         params = seq.sampling_params
-        return params.is_greedy and not params.has_penalties and params.logprobs is None
+        return not params.has_penalties and params.logprobs is None
 
     def propose(self, seq: Sequence, room: int) -> list[int]:
         """Up to `room` guessed tokens to follow seq's tokens (none if nothing earlier matches its last n-gram)."""
