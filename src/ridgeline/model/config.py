@@ -61,10 +61,26 @@ class ModelConfig:
     swiglu_limit: float = 7.0
 
     def __post_init__(self) -> None:
+        from ridgeline.model.metadata_values import MAX_LAYERS, metadata_float, metadata_int
+
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedError(
                 f"unsupported architecture {self.architecture!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
+        # A model file may claim anything: a string, a zero or a NaN here would fail far away, deep in a layer.
+        metadata_int("vocab_size", self.vocab_size, low=0)  # 0: taken from the embedding's rows afterwards
+        for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "max_context"):
+            metadata_int(name, getattr(self, name))
+        metadata_int("num_layers", self.num_layers, high=MAX_LAYERS)
+        if self.sliding_window is not None:
+            metadata_int("sliding_window", self.sliding_window)
+        for name in ("rms_norm_eps", "rope_theta", "rope_linear_factor", "embedding_scale"):
+            metadata_float(name, getattr(self, name))
+        for name in ("rope_local_theta", "attention_scale"):
+            if getattr(self, name) is not None:
+                metadata_float(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"{self.num_heads} attention heads do not split into {self.num_kv_heads} KV heads")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ModelLoadError(f"{self.experts_per_token} experts per token out of {self.num_experts} experts")
         if self.routing not in ROUTINGS:

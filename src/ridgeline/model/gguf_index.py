@@ -22,6 +22,7 @@ from gguf import GGUFReader
 
 from ridgeline.errors import ModelLoadError
 from ridgeline.model import native
+from ridgeline.model.gguf_check import check_gguf
 
 INDEX_LAYOUT = 1  # bump when GgufIndex or the values it holds change shape: old entries are then never read
 MIN_CACHED_FILE_BYTES = 32 * 1024 * 1024  # smaller files (tests' tiny models, in fresh temporary paths) parse fast
@@ -81,15 +82,11 @@ def read_fields(reader: GGUFReader) -> dict[str, Any]:
 
 
 def open_gguf(path: Path) -> GGUFReader:
+    check_gguf(path)  # counts, lengths and offsets against the file's size, before the reader trusts them
     try:
-        reader = GGUFReader(path)
+        return GGUFReader(path)
     except (ValueError, IndexError, OSError, KeyError, TypeError) as error:
         raise ModelLoadError(f"{path} is not a readable GGUF file (truncated or corrupt?): {error}") from None
-    file_size = path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > file_size:
-            raise ModelLoadError(f"{path} is truncated: tensor {tensor.name} runs past the end of the file")
-    return reader
 
 
 def index_from_file(path: Path, identity: str) -> GgufIndex:

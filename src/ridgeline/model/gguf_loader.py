@@ -12,6 +12,8 @@ from gguf import GGMLQuantizationType
 from ridgeline.errors import ModelLoadError, UnsupportedError
 from ridgeline.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, YarnScaling
 from ridgeline.model.gguf_index import load_index
+from ridgeline.model.metadata_values import MAX_COUNT, MAX_LAYERS, metadata_float, metadata_int
+from ridgeline.model.tensor_shapes import check_shapes
 from ridgeline.model.weights import SUPPORTED_TYPES, StoredTensor
 
 GEMMA3_GLOBAL_EVERY = 6  # llama.cpp's fixed pattern when the file does not list sliding layers
@@ -29,33 +31,40 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
             raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
-    kv_heads = int(get("attention.head_count_kv", heads))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    layers = int(get("block_count"))
+    def count(key: str, default=None, high: int = MAX_COUNT) -> int:
+        return metadata_int(f"{arch}.{key}", get(key, default), high=high)
+
+    def number(key: str, default=None) -> float:
+        return metadata_float(f"{arch}.{key}", get(key, default))
+
+    hidden = count("embedding_length")
+    heads = count("attention.head_count")
+    kv_heads = count("attention.head_count_kv", heads)
+    head_dim = count("attention.key_length", max(hidden // heads, 1))
+    layers = count("block_count", high=MAX_LAYERS)
     vocab = meta.get(f"{arch}.vocab_size")  # else the embedding's rows (set by load_gguf), not the token list's length
     rope_linear = 1.0
     if meta.get(f"{arch}.rope.scaling.type") == "linear":
-        rope_linear = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+        rope_linear = number("rope.scaling.factor", 1.0)
     experts = int(meta.get(f"{arch}.expert_count", 0))
     expert_ffn = int(get("expert_feed_forward_length")) if experts else 0
     common = dict(
         architecture=arch,
-        vocab_size=int(vocab) if vocab else 0,
+        vocab_size=metadata_int(f"{arch}.vocab_size", vocab) if vocab else 0,
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length", expert_ffn or None)),
+        intermediate_size=count("feed_forward_length", expert_ffn or None),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_context=int(get("context_length")),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
+        max_context=count("context_length"),
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon"),
+        rope_theta=number("rope.freq_base", 10_000.0),
         rope_linear_factor=rope_linear,
         tie_word_embeddings="output.weight" not in tensor_names,
     )
     window = meta.get(f"{arch}.attention.sliding_window")
+    window = metadata_int(f"{arch}.attention.sliding_window", window, 0) if window is not None else None
     if arch == "gemma3":
         pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
         if isinstance(pattern, list):
@@ -64,13 +73,13 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
             sliding = tuple(i for i in range(layers) if i % GEMMA3_GLOBAL_EVERY != GEMMA3_GLOBAL_EVERY - 1)
         return ModelConfig(
             **common,
-            rope_local_theta=float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)),
+            rope_local_theta=number("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE),
             sliding_window=int(window) if window else None,
             sliding_layers=sliding if window else (),
             qk_norm=True,
             sandwich_norms=True,
             embedding_scale=hidden**0.5,
-            attention_scale=float(meta.get(f"{arch}.attention.scale", head_dim**-0.5)),
+            attention_scale=number("attention.scale", head_dim**-0.5),
             activation="gelu_tanh",
         )
     if arch == "gpt-oss":  # llama.cpp's fixed pattern: even layers slide, odd ones attend to everything
@@ -134,7 +143,8 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], dict[st
         elif qtype == GGMLQuantizationType.BF16:
             data = data.view(torch.bfloat16).reshape(shape)
         tensors[entry.name] = StoredTensor(qtype, shape, data)
-    if config.vocab_size == 0:
+    check_shapes(config, tensors, path)
+    if config.vocab_size == 0 and "token_embd.weight" in tensors:
         config = replace(config, vocab_size=tensors["token_embd.weight"].shape[0])
     if config.architecture == "gpt-oss":  # its post-attention norm is the MLP's input norm, as ffn_norm elsewhere
         for i in range(config.num_layers):
@@ -143,6 +153,9 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor], dict[st
     if config.architecture in ("llama", "mistral"):
         for i in range(config.num_layers):
             q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"
+            for name in (q, k):
+                if name not in tensors:
+                    raise ModelLoadError(f"{path}: missing tensor {name}")
             tensors[q] = _unpermute_rows(tensors[q], config.num_heads)
             tensors[k] = _unpermute_rows(tensors[k], config.num_kv_heads)
     return config, tensors, index.fields

@@ -15,6 +15,8 @@ from safetensors import safe_open
 from ridgeline.errors import ModelLoadError, UnsupportedError
 from ridgeline.model.config import ModelConfig, YarnScaling
 from ridgeline.model.hf_experts import ExpertTensors
+from ridgeline.model.metadata_values import MAX_LAYERS, metadata_float, metadata_int
+from ridgeline.model.tensor_shapes import check_shapes
 from ridgeline.model.weights import StoredTensor
 
 MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3",
@@ -61,7 +63,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     arch = MODEL_TYPES[model_type]
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
-    layers = hf["num_hidden_layers"]
+    layers = metadata_int("num_hidden_layers", hf["num_hidden_layers"], high=MAX_LAYERS)
     rope = _rope_parameters(hf)
     common = dict(
         architecture=arch,
@@ -142,9 +144,10 @@ def _moe_fields(hf: dict, arch: str) -> dict:
 
 def llama3_frequency_factors(config: ModelConfig, rope: dict) -> torch.Tensor:
     """Per-frequency divisors of Llama 3.1's RoPE scaling, in the form GGUF stores them (`rope_freqs.weight`)."""
-    factor = rope["factor"]
-    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
-    original = rope.get("original_max_position_embeddings", 8192)
+    factor = metadata_float("rope_scaling.factor", rope["factor"])
+    low = metadata_float("rope_scaling.low_freq_factor", rope.get("low_freq_factor", 1.0))
+    high = metadata_float("rope_scaling.high_freq_factor", rope.get("high_freq_factor", 4.0))
+    original = metadata_float("rope_scaling.original_max_position_embeddings", rope.get("original_max_position_embeddings", 8192))
     inv_freq = config.rope_theta ** (-torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
     wavelength = 2 * math.pi / inv_freq
     smooth = ((original / wavelength - low) / (high - low)).clamp(0, 1)
@@ -170,6 +173,14 @@ def _gguf_tensors(hf_name: str, data: torch.Tensor, arch: str, experts: ExpertTe
     return [(f"blk.{layer}.{name}.{kind or 'weight'}", data)] if name else []
 
 
+# A missing key, or a value of the wrong type or range: config.json is data, not something to trust.
+_BAD_CONFIG = (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError, IndexError)
+
+
+def _not_a_model(config_file: Path, error: Exception) -> ModelLoadError:
+    return ModelLoadError(f"{config_file} does not describe a model: {type(error).__name__} {error}"[:500])
+
+
 def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor]]:
     config_file = path / "config.json"
     if not config_file.exists():
@@ -178,7 +189,10 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor]]:
         hf = json.loads(config_file.read_text())
     except json.JSONDecodeError as error:
         raise ModelLoadError(f"{config_file} is not valid JSON: {error}") from None
-    config = config_from_hf(hf)
+    try:
+        config = config_from_hf(hf)
+    except _BAD_CONFIG as error:
+        raise _not_a_model(config_file, error) from None
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{path} has no *.safetensors files")
@@ -209,7 +223,10 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor]]:
     rope = _rope_parameters(hf)
     if rope.get("rope_type", rope.get("type")) == "llama3":
         factors = llama3_frequency_factors(config, rope)
+from ridgeline.model.metadata_values import MAX_LAYERS, metadata_float, metadata_int
+from ridgeline.model.tensor_shapes import check_shapes
         tensors["rope_freqs.weight"] = StoredTensor(GGMLQuantizationType.F32, tuple(factors.shape), factors)
     if config.tie_word_embeddings:
         tensors.pop("output.weight", None)
+    check_shapes(config, tensors, path)
     return config, tensors

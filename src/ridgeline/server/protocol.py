@@ -11,8 +11,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ridgeline.model.tokenizer.valid_text import first_invalid
+
+
 class RequestModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        # JSON may spell a lone surrogate ("\ud800"); refused here so the 400 names the field (see valid_text.py).
+        problem = first_invalid(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 def _is_unset(value: Any) -> bool:

@@ -4,6 +4,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 
 from ridgeline.model.tokenizer.chat_template import GEMMA_TEMPLATE, render_chat_template
+from ridgeline.model.tokenizer.valid_text import check_text
 
 # Tokens that end a turn although the file may not call them EOS; llama.cpp stops on these by their text too.
 END_OF_GENERATION_TEXTS = (
@@ -60,7 +61,7 @@ class Tokenizer(ABC):
         """True for control tokens (BOS, <end_of_turn>, ...) that decode(skip_special=True) leaves out."""
 
     def encode(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
-        ids = self.encode_text(text, special)
+        ids = self.encode_text(check_text(text), special)
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids.insert(0, self.bos_id)
         return ids

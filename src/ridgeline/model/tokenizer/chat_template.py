@@ -1,12 +1,9 @@
-"""Chat templates: Jinja2 text from the model file, rendered in a sandbox because the file is untrusted input."""
+"""Chat templates: Jinja2 text from the model file, rendered in a sandboxed worker because the file is untrusted input."""
 
-import json
-from functools import lru_cache
+from jinja2 import TemplateError
 
-from jinja2 import Template, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from ridgeline.errors import RidgelineError
+from ridgeline.model.tokenizer.template_sandbox import ChatTemplateError, render_untrusted
+from ridgeline.model.tokenizer.template_worker import render_in_sandbox
 
 # Used when the model file has no template (the default Gemma 3 file has none). Gemma has no system role:
 # a system message is folded into the first user turn, and the assistant's turns are called "model".
@@ -38,34 +35,14 @@ GEMMA_TEMPLATE = """\
 """
 
 
-def _raise_exception(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _tojson(value, indent: int | None = None) -> str:
-    # Jinja's own tojson escapes <, > and & for HTML, which would change the prompt text.
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-@lru_cache(maxsize=8)
-def _compile(source: str) -> Template:
-    # trim_blocks/lstrip_blocks: the whitespace rules chat templates are written for (as transformers renders them).
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise_exception
-    env.filters["tojson"] = _tojson
-    return env.from_string(source)
-
-
 def render_chat_template(
     source: str, messages: list[dict], *, bos_token: str, eos_token: str, add_generation_prompt: bool
 ) -> str:
+    context = dict(messages=messages, bos_token=bos_token, eos_token=eos_token, add_generation_prompt=add_generation_prompt)
+    if source != GEMMA_TEMPLATE:
+        return render_untrusted(source, context)  # the model file's own: a worker bounds its time and memory
     try:
-        return _compile(source).render(
-            messages=messages,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt,
-        )
+        return render_in_sandbox(source, context)
     except (TemplateError, TypeError, ValueError, KeyError) as error:
         detail = " ".join(str(error).split()) or type(error).__name__
-        raise RidgelineError(f"chat template failed: {detail}") from None
+        raise ChatTemplateError(f"chat template failed: {detail}") from None

@@ -47,8 +47,8 @@ class HfTokenizer(Tokenizer):
         return token_id in self._special_ids
 
     def token_bytes(self, token_id: int) -> bytes:
-        piece = self.backend.id_to_token(token_id)
-        if piece is None:
+        piece = self.backend.id_to_token(token_id) if 0 <= token_id < self.vocab_size else None
+        if piece is None:  # an id the vocabulary lacks (the model's rows may outnumber it) stands for no text
             return b""
         if token_id in self._added_ids:
             return piece.encode()

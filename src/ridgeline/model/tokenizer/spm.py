@@ -53,9 +53,13 @@ class SpmTokenizer(Tokenizer):
         return {False: select(always), True: select(always + on_request)}
 
     def is_special(self, token_id: int) -> bool:
+        if not 0 <= token_id < self.vocab_size:
+            return False
         return self.types[token_id] in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.UNUSED)
 
     def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size:
+            return b""  # an id the vocabulary lacks (the model's rows may outnumber it) stands for no text
         piece, kind = self.pieces[token_id], self.types[token_id]
         if kind == TokenType.BYTE:
             return bytes([int(piece[3:5], 16)])  # "<0xNN>"
