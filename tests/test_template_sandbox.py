@@ -23,7 +23,6 @@ ESCAPES = {
     "namespace_globals": "{{ namespace.__init__.__globals__ }}",
     "lipsum_globals": "{{ lipsum.__globals__['os'] }}",
     "format_walk": "{{ '{0.__class__.__base__.__subclasses__}'.format('') }}",
-    "attr_filter": "{{ ''|attr('__class__')|attr('__mro__') }}",
     "mutate_messages": "{{ messages.append({'role': 'system', 'content': 'pwned'}) }}",
     "mutate_dict": "{{ messages[0].update({'content': 'pwned'}) }}",
 }
@@ -32,6 +31,7 @@ SILENT = {
     "function_globals": "{{ raise_exception.__globals__ }}",
     "template_context": "{{ self._TemplateReference__context }}",
     "dunder_item": "{{ messages['__class__'] }}",
+    "attr_filter": "{{ ''|attr('__class__')|attr('__mro__') }}",
 }
 
 

@@ -35,7 +35,8 @@ def _bpe_vocab(writer: gguf.GGUFWriter) -> None:
     writer.add_add_bos_token(False)
 
 
-def write_seed_gguf(path: Path, arch: str = "llama", vocab: str = "spm") -> Path:
+def write_seed_gguf(path: Path, arch: str = "llama", vocab: str = "spm", overrides: dict | None = None) -> Path:
+    """overrides: metadata key -> (value, GGUFValueType) written instead of the seed's own (None: key dropped)."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_context_length(64)
@@ -76,6 +77,14 @@ def write_seed_gguf(path: Path, arch: str = "llama", vocab: str = "spm") -> Path
         add("blk.0.attn_k_norm.weight", head_dim)
         add("blk.0.post_attention_norm.weight", HIDDEN)
         add("blk.0.post_ffw_norm.weight", HIDDEN)
+    for key, override in (overrides or {}).items():
+        writer.kv_data[0].pop(key, None)
+        if override is not None:
+            value, kind = override
+            sub_type = None
+            if kind == gguf.GGUFValueType.ARRAY:
+                kind, sub_type = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.get_type(value[0])
+            writer.kv_data[0][key] = gguf.GGUFValue(value=value, type=kind, sub_type=sub_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
