@@ -117,8 +117,9 @@ def tiny_engine(max_num_seqs: int = 64, num_blocks: int = 256, block_size: int =
 @contextlib.contextmanager
 def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, max_model_len: int | None = None, **server_options):
     """A BackgroundServer (with .url) over a fresh tiny engine; server_options are ServerConfig fields."""
-    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len), ServerConfig(**server_options))
-    with BackgroundServer(app) as server:
+    config = ServerConfig(**server_options)
+    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len), config)
+    with BackgroundServer(app, request_read_timeout=config.request_read_timeout, max_connections=config.max_connections) as server:
         yield server
 
 

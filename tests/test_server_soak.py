@@ -1,5 +1,5 @@
 """Bounded soak: 64 concurrent streaming clients, 200+ requests on loopback, within a time limit.
-Zero errors, zero leaked KV blocks, and the process's RSS growth recorded."""
+Zero errors, zero leaked KV blocks, and bounded RSS growth between two identical rounds."""
 
 import asyncio
 import random
@@ -12,6 +12,9 @@ from server_helpers import serve_tiny_model
 from test_server_disconnect import scrape
 
 CLIENTS, REQUESTS, TIME_LIMIT_S = 64, 512, 120.0
+# A second round of 512 requests on a warm server must not grow the process by more than this: a leak of
+# even 128 KiB per request (a kept prompt, a logprobs list, a detokeniser) would show as 64 MiB.
+RSS_GROWTH_LIMIT_MIB = 64
 
 
 def rss_bytes() -> int:
@@ -72,3 +75,4 @@ def test_soak_64_concurrent_streams(record_property):
     record_property("rss_growth_mib", round(growth_mib, 1))
     record_property("output_tokens_per_s", round(result["tokens"] / result["elapsed"], 1))
     print(f"soak: {REQUESTS} requests, {result['tokens']} tokens in {result['elapsed']:.1f} s; RSS growth {growth_mib:+.1f} MiB")
+    assert growth_mib < RSS_GROWTH_LIMIT_MIB

@@ -18,6 +18,7 @@ from ridgeline.server.disaggregation import ROLES, WorkerRole
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.metrics import ServerMetrics
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from ridgeline.server.openapi import install_openapi
 from ridgeline.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,6 +29,7 @@ from ridgeline.server.protocol import (
     TokenizeRequest,
 )
 from ridgeline.server.serving import ServingContext
+from ridgeline.server.slow_clients import REQUEST_READ_SECONDS
 from ridgeline.server.tokenizer_info import tokenizer_info
 
 
@@ -45,6 +47,8 @@ class ServerConfig:
     kv_bind: str = "tcp://127.0.0.1:*"  # a prefill worker's KV endpoint (port * = any free port)
     kv_advertise_host: str | None = None  # the host decode workers reach it at, if not the bound one
     kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
+    request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)
+    max_connections: int | None = 4096  # beyond this uvicorn answers 503 at once instead of taking the socket
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
@@ -83,6 +87,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     app.state.serving = ctx
     app.state.metrics = metrics
     install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)  # outermost: no key, no body read

@@ -9,6 +9,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from ridgeline.server.app import ServerConfig
+from ridgeline.server.slow_clients import REQUEST_READ_SECONDS, protocol_with_deadline
 
 
 def configure_logging() -> None:
@@ -25,6 +26,8 @@ def run_server(app: FastAPI, config: ServerConfig) -> None:
         app,
         host=config.host,
         port=config.port,
+        http=protocol_with_deadline(config.request_read_timeout),
+        limit_concurrency=config.max_connections,
         access_log=False,
         timeout_graceful_shutdown=config.drain_timeout,
         log_level="info",
@@ -34,9 +37,11 @@ def run_server(app: FastAPI, config: ServerConfig) -> None:
 class BackgroundServer:
     """`with BackgroundServer(app) as server:` serves app on a free loopback port at server.url until the block ends."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", drain_timeout: float = 5.0, startup_timeout: float = 60.0):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", drain_timeout: float = 5.0, startup_timeout: float = 60.0,
+                 request_read_timeout: float = REQUEST_READ_SECONDS, max_connections: int | None = None):
         config = uvicorn.Config(
-            app, host=host, port=0, access_log=False, log_level="warning", timeout_graceful_shutdown=drain_timeout
+            app, host=host, port=0, access_log=False, log_level="warning", timeout_graceful_shutdown=drain_timeout,
+            http=protocol_with_deadline(request_read_timeout), limit_concurrency=max_connections,
         )
         self.server = uvicorn.Server(config)
         self.startup_timeout = startup_timeout
