@@ -146,3 +146,10 @@ def test_hostile_chat_templates_get_a_clear_400_and_the_server_keeps_serving(mon
             assert_refused(post(running, "/v1/chat/completions", chat), None, "chat template failed", fragment)
         engine.tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
         assert post(running, "/v1/chat/completions", chat).status_code == 200
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "9" * 5000, "abc", "\u0663", "1_0", "-1", "999999", ""])
+def test_logit_bias_keys_that_are_not_token_ids_are_refused(server, key):
+    # '²' and 5,000 digits pass str.isdigit() but not int(): they were a 500 (StopIteration).
+    response = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "logit_bias": {key: 1}})
+    assert_refused(response, "logit_bias")

@@ -2,6 +2,7 @@
 admission check resolves it, and its errors become 400s naming the request's own field (errors carry the field,
 so nothing here reads their text)."""
 
+import re
 import time
 
 from ridgeline.engine.admission import Admission, AdmittedRequest
@@ -38,15 +39,18 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
     )
 
 
+_TOKEN_ID = re.compile(r"[+-]?[0-9]{1,18}")
+
+
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI sends token ids as JSON object keys, so as strings."""
+    """OpenAI sends token ids as JSON object keys, so as strings: decimal ASCII digits only (int() would also
+    take '٣' and '1_0', and fail on '²' or 5,000 digits, which isdigit() accepts)."""
     if bias is None:
         return None
-    try:
-        return {int(key): value for key, value in bias.items()}
-    except ValueError:
-        bad = next(key for key in bias if not key.strip().lstrip("+-").isdigit())
-        raise APIError(400, f"'logit_bias' keys must be token ids, got {bad!r}", "logit_bias") from None
+    for key in bias:
+        if not _TOKEN_ID.fullmatch(key.strip()):
+            raise APIError(400, f"'logit_bias' keys must be token ids, got {key[:40]!r}", "logit_bias")
+    return {int(key): value for key, value in bias.items()}
 
 
 def admit(admission: Admission, ids: list[int], params: SamplingParams,
