@@ -2,6 +2,9 @@
 fixed-seed run over every endpoint, valid and invalid requests. Nothing may get a 5xx, hang or lose its
 connection; every 4xx is an OpenAI-style error; afterwards the server is healthy and holds no KV pages."""
 
+import json
+import threading
+
 import httpx
 import pytest
 from server_helpers import serve_tiny_model
@@ -36,15 +39,51 @@ def test_schema_describes_every_endpoint_and_the_openai_fields():
     assert "422" not in responses and "400" in responses and "text/event-stream" in responses["200"]["content"]
 
 
+NORMAL_PROMPTS = [f"Client {i}: the quick brown fox" + " jumps" * i for i in range(8)]
+
+
+def streamed_text(url: str, prompt: str) -> str:
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": True}
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return text
+
+
 def test_fuzzed_requests_get_2xx_or_openai_4xx_and_leak_nothing(record_property):
+    """Beside the fuzzing, 8 normal greedy streaming clients: their outputs equal a quiet run's."""
     with serve_tiny_model(num_blocks=64) as server:
-        report = fuzz_api(server.url, EXAMPLES_PER_OPERATION_AND_MODE, seed=17)
+        quiet = [streamed_text(server.url, prompt) for prompt in NORMAL_PROMPTS]
+        fuzzing = threading.Event()
+        fuzzing.set()
+        noisy: list[list[str]] = [[] for _ in NORMAL_PROMPTS]
+
+        def normal_client(i: int) -> None:
+            while fuzzing.is_set() or not noisy[i]:
+                try:
+                    noisy[i].append(streamed_text(server.url, NORMAL_PROMPTS[i]))
+                except Exception as error:  # noqa: BLE001 - recorded as a wrong output, reported below
+                    noisy[i].append(f"client failed: {error!r}")
+                    return
+
+        clients = [threading.Thread(target=normal_client, args=(i,)) for i in range(len(NORMAL_PROMPTS))]
+        for client in clients:
+            client.start()
+        try:
+            report = fuzz_api(server.url, EXAMPLES_PER_OPERATION_AND_MODE, seed=17)
+        finally:
+            fuzzing.clear()
+            for client in clients:
+                client.join()
         assert httpx.get(f"{server.url}/health").status_code == 200
         free, total = kv_pages(server.url)
-        ok = httpx.post(f"{server.url}/v1/completions", json={"prompt": "The fox", "max_tokens": 3})
     record_property("requests", report.requests)
-    print(f"api fuzz: {report.requests} requests, statuses {dict(sorted(report.by_status.items()))}")
+    print(f"api fuzz: {report.requests} requests, statuses {dict(sorted(report.by_status.items()))}; "
+          f"normal streams beside it: {sum(map(len, noisy))}")
     assert not report.failures, "\n".join(report.failures[:10])
     assert report.requests >= 150
+    assert all(outputs and outputs == [quiet[i]] * len(outputs) for i, outputs in enumerate(noisy)), noisy
     assert free == total
-    assert ok.status_code == 200
