@@ -12,7 +12,7 @@ from server_helpers import serve_tiny_model
 pytest.importorskip("schemathesis")
 from fuzz.api_fuzz import fuzz_api  # noqa: E402
 
-EXAMPLES_PER_OPERATION_AND_MODE = 20
+EXAMPLES_PER_OPERATION_AND_MODE = 8
 
 
 def kv_pages(server_url: str) -> tuple[float, float]:
@@ -43,7 +43,7 @@ NORMAL_PROMPTS = [f"Client {i}: the quick brown fox" + " jumps" * i for i in ran
 
 
 def streamed_text(url: str, prompt: str) -> str:
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
     text = ""
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
@@ -84,6 +84,6 @@ def test_fuzzed_requests_get_2xx_or_openai_4xx_and_leak_nothing(record_property)
     print(f"api fuzz: {report.requests} requests, statuses {dict(sorted(report.by_status.items()))}; "
           f"normal streams beside it: {sum(map(len, noisy))}")
     assert not report.failures, "\n".join(report.failures[:10])
-    assert report.requests >= 150
+    assert report.requests >= 100
     assert all(outputs and outputs == [quiet[i]] * len(outputs) for i, outputs in enumerate(noisy)), noisy
     assert free == total
