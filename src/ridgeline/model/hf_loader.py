@@ -220,11 +220,12 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, StoredTensor]]:
             raise ModelLoadError(f"{file} is not a readable safetensors file: {error}") from None
     for name, stacked in experts.finish():
         store(name, stacked)
-    rope = _rope_parameters(hf)
-    if rope.get("rope_type", rope.get("type")) == "llama3":
-        factors = llama3_frequency_factors(config, rope)
-from ridgeline.model.metadata_values import MAX_LAYERS, metadata_float, metadata_int
-from ridgeline.model.tensor_shapes import check_shapes
+    try:
+        rope = _rope_parameters(hf)
+        factors = llama3_frequency_factors(config, rope) if rope.get("rope_type", rope.get("type")) == "llama3" else None
+    except _BAD_CONFIG as error:
+        raise _not_a_model(config_file, error) from None
+    if factors is not None:
         tensors["rope_freqs.weight"] = StoredTensor(GGMLQuantizationType.F32, tuple(factors.shape), factors)
     if config.tie_word_embeddings:
         tensors.pop("output.weight", None)
