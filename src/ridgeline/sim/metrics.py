@@ -1,0 +1,43 @@
+"""A simulated run in bench serve's terms: each request as the RequestResult a client would have measured
+(times from when it was sent), summarised by bench serve's own code, plus what only a simulator sees."""
+
+from ridgeline.perf.serve_metrics import RequestResult, Slo, summarise
+from ridgeline.sim.simulator import SimResult, Track
+
+
+def request_result(track: Track) -> RequestResult:
+    if track.error or track.sent_s is None or not track.token_times:
+        return RequestResult(prompt="", error=track.error or "did not finish")
+    sent = track.sent_s
+    times = [t - sent for t in track.token_times]
+    return RequestResult(prompt="", ok=True, ttft_s=times[0], e2e_s=track.finish_s - sent, chunk_times_s=times,
+                         chunks=len(times), usage_prompt_tokens=len(track.request.prompt_ids),
+                         usage_completion_tokens=len(times))
+
+
+def engine_figures(result: SimResult) -> dict:
+    """KV occupancy (time-weighted over the run, and peak), preemptions, prefix hits, and the simulator's work."""
+    duration = result.duration_s or 1.0
+    replicas = result.replicas
+    queries = hits = 0
+    for replica in replicas:
+        cache = replica.scheduler.block_manager.prefix_cache
+        if cache is not None and replica.role != "decode":  # the decode pool's hits are KV handovers
+            queries, hits = queries + cache.num_query_tokens, hits + cache.num_hit_tokens
+    return {
+        "kv_occupancy_mean": sum(r.stats.kv_usage_s for r in replicas) / duration / len(replicas),
+        "kv_occupancy_peak": max(r.stats.kv_usage_peak for r in replicas),
+        "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "kv_transfers": sum(r.stats.kv_imports for r in replicas),
+        "kv_transfer_misses": sum(r.stats.kv_import_misses for r in replicas),
+        "busy_fraction": sum(r.stats.busy_s for r in replicas) / duration / len(replicas),
+        "steps": sum(r.stats.steps for r in replicas),
+        "events": result.events,
+    }
+
+
+def summarise_run(result: SimResult, slo: Slo, load: dict, model: str) -> dict:
+    """One load level as bench serve reports it, with the engine figures under "engine"."""
+    summary = summarise([request_result(t) for t in result.tracks], result.duration_s or 1e-9, slo)
+    return {"load": load, "model": model} | summary | {"engine": engine_figures(result)}
