@@ -113,6 +113,10 @@ class BlockManager:
         All or nothing: returns False, changing nothing, when the pool cannot supply the fresh pages.
         """
         num_cached_blocks = len(cached[0]) if cached else 0
+        if not num_cached_blocks and seq.block_tables:  # the common decode step: pages already cover the token
+            num_blocks = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+            if all(len(table) >= num_blocks for table in seq.block_tables):
+                return True
         if num_cached_blocks and (any(seq.block_tables) or seq.num_computed_tokens):
             raise ValueError(f"{seq.request_id}: a cached prefix can only start empty block tables")
         tables = cached if num_cached_blocks else seq.block_tables or [[] for _ in self.windows]
@@ -134,7 +138,7 @@ class BlockManager:
         """Tokens [seq.num_computed_tokens, num_computed_tokens) now have their KV written: name every page this
         filled (so later requests can hit it), advance seq, and release the pages no later query reads."""
         start, bs = seq.num_computed_tokens, self.block_size
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and num_computed_tokens // bs > start // bs:  # a block just filled up
             hashes = self._block_hashes(seq, num_computed_tokens // bs)
             for group, table in enumerate(seq.block_tables):
                 for block in range(start // bs, len(hashes)):
@@ -149,6 +153,8 @@ class BlockManager:
         below the window never arrive: released here unwritten, they are never named for prefix hits."""
         bs = self.block_size
         for group, window in enumerate(self.windows):
+            if window is None:  # full attention keeps every page
+                continue
             table = seq.block_tables[group]
             # Released entries form a prefix of the table, so walk down from the window to the last one released.
             stop = first_readable_block(num_tokens, window, bs)
