@@ -102,13 +102,17 @@ def write_plots(report: dict, prefix: str) -> list[Path]:
     ]
 
 
-def print_report(console: Console, report: dict) -> None:
+def level_label(level: dict) -> str:
+    load = level["load"]
+    return load.get("label") or LoadLevel(load["concurrency"], load["request_rate"]).label
+
+
+def print_report(console: Console, report: dict, title: str | None = None) -> None:
     levels = report["levels"]
-    table = Table(title=f"bench serve: {report['config']['base_url']} ({levels[0]['model']})")
+    table = Table(title=title or f"bench serve: {report['config']['base_url']} ({levels[0]['model']})")
     table.add_column("metric")
     for level in levels:
-        load = level["load"]
-        table.add_column(LoadLevel(load["concurrency"], load["request_rate"]).label, justify="right")
+        table.add_column(level_label(level), justify="right")
 
     def row(name: str, values: list[str]) -> None:
         table.add_row(name, *values)
@@ -125,9 +129,16 @@ def print_report(console: Console, report: dict) -> None:
     slo = report["config"]["slo"]
     if slo["ttft_ms"] is not None or slo["itl_ms"] is not None:
         row("goodput req/s", [f"{lv['goodput']:.2f} ({lv['good_requests']}/{lv['completed']})" for lv in levels])
+    if "engine" in levels[0]:  # a simulated run also sees inside the engine
+        engines = [lv["engine"] for lv in levels]
+        row("KV occupancy mean / peak", [f"{e['kv_occupancy_mean']:.0%} / {e['kv_occupancy_peak']:.0%}" for e in engines])
+        row("preemptions", [f"{e['preemptions']:,}" for e in engines])
+        row("prefix hit rate", [f"{e['prefix_hit_rate']:.1%}" for e in engines])
+        if any(e["kv_transfers"] for e in engines):
+            row("KV transfers (no room)", [f"{e['kv_transfers']:,} ({e['kv_transfer_misses']:,})" for e in engines])
     console.print(table)
     for level in levels:
         for error in level["errors"]:
-            console.print(f"[red]{LoadLevel(level['load']['concurrency'], level['load']['request_rate']).label}:[/] {error}")
+            console.print(f"[red]{level_label(level)}:[/] {error}")
     for path in report.get("plots", []):
         console.print(f"wrote {path}")

@@ -27,10 +27,11 @@ class KVPool:
     windows: tuple[int | None, ...]  # per layer group
     page_bytes: float
     memory_bytes: float
+    block_size: int
 
     @property
     def tokens_of_all_layers(self) -> int:
-        return self.num_pages // len(self.windows)
+        return self.num_pages // len(self.windows) * self.block_size
 
 
 def kv_pool(shape: ModelShape, memory_bytes: float, block_size: int, kv_dtype_bytes: float) -> KVPool:
@@ -42,4 +43,4 @@ def kv_pool(shape: ModelShape, memory_bytes: float, block_size: int, kv_dtype_by
     if num_pages < len(groups):
         raise RidgelineError(f"a KV budget of {memory_bytes / 1e9:.3g} GB holds not even one {block_size}-token block "
                              f"in every layer of {shape.name} (the weights may not fit the machine)")
-    return KVPool(num_pages, tuple(g.window for g in groups), page_bytes, memory_bytes)
+    return KVPool(num_pages, tuple(g.window for g in groups), page_bytes, memory_bytes, block_size)

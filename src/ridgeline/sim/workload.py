@@ -29,6 +29,7 @@ class Workload:
     requests: list[SimRequest]  # in arrival order
     concurrency: int | None = None  # at most this many in flight (None: no cap)
     label: str = ""
+    rate: float | None = None  # Poisson requests/s, for a synthetic open-loop workload
 
 
 def random_ids(rng: random.Random, count: int, vocab_size: int) -> tuple[int, ...]:
@@ -65,7 +66,7 @@ def synthetic(count: int, input_len: int, output_len: int, vocab_size: int, *, r
     label = f"rate {rate:g}/s" if rate is not None else f"concurrency {concurrency}"
     if rate is not None and concurrency is not None:
         label += f", max {concurrency} in flight"
-    return Workload(requests, concurrency, label)
+    return Workload(requests, concurrency, label, rate)
 
 
 def from_trace(rows: list[TraceRequest], vocab_size: int, tokenize: Callable[[str], list[int]] | None = None,

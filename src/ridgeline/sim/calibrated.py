@@ -1,0 +1,103 @@
+"""Calibrated step time: this machine's measured steps fitted on the roofline's own terms.
+
+A step's time is modelled as c0 + c1*chunks + c2*body FLOPs + c3*LM-head FLOPs + c4*attention FLOPs
++ c5*KV bytes read, every c >= 0 (non-negative least squares): c0 is the fixed cost of a step (weights
+streamed once, Python and dispatch), c1 per sequence, c2-c4 the inverse of the FLOP/s each part attains
+here, c5 the inverse of the KV read bandwidth. `ridgeline profile` measures the samples (sim/profile.py).
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ridgeline.errors import RidgelineError
+from ridgeline.sim.stamp import Stamp
+from ridgeline.sim.step_time import StepTerms
+
+TERMS = ("step", "chunks", "body_flops", "lm_head_flops", "attention_flops", "kv_read_bytes")
+FORMAT = 1
+
+
+def features(terms: StepTerms) -> list[float]:
+    return [1.0, terms.chunks, terms.body_flops, terms.lm_head_flops, terms.attention_flops, terms.kv_read_bytes]
+
+
+def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0 (Lawson-Hanson active set), on unit-scaled columns."""
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    a = x / scale
+    n = a.shape[1]
+    passive = np.zeros(n, dtype=bool)
+    coef = np.zeros(n)
+    for _ in range(3 * n):
+        gradient = a.T @ (y - a @ coef)
+        candidates = ~passive & (gradient > 1e-12)
+        if not candidates.any():
+            break
+        passive[np.argmax(np.where(candidates, gradient, -np.inf))] = True
+        while True:
+            trial = np.zeros(n)
+            trial[passive] = np.linalg.lstsq(a[:, passive], y, rcond=None)[0]
+            if (trial[passive] > 0).all():
+                coef = trial
+                break
+            # Step back toward the last feasible point until a coefficient reaches zero, and drop it.
+            blocked = passive & (trial <= 0)
+            alpha = np.min(coef[blocked] / (coef[blocked] - trial[blocked] + 1e-300))
+            coef = coef + alpha * (trial - coef)
+            passive &= coef > 1e-15
+    return coef / scale
+
+
+@dataclass(frozen=True)
+class Profile:
+    stamp: Stamp
+    coefficients: tuple[float, ...]  # one per TERMS entry, in seconds per unit
+    samples: int
+    median_abs_error: float  # of the fit over its own samples, as a fraction of the measured time
+    settings: dict  # the engine settings it was measured with (KV dtype, block size, ...)
+
+    @classmethod
+    def fit(cls, stamp: Stamp, rows: list[tuple[StepTerms, float]], settings: dict) -> "Profile":
+        if len(rows) < 2 * len(TERMS):
+            raise RidgelineError(f"a profile needs at least {2 * len(TERMS)} measured steps, got {len(rows)}")
+        x = np.array([features(terms) for terms, _ in rows])
+        y = np.array([seconds for _, seconds in rows])
+        # Relative error matters (a 1 ms decode step as much as a 1 s prefill): weight each row by 1/y.
+        coef = nonnegative_least_squares(x / y[:, None], np.ones_like(y))
+        error = float(np.median(np.abs(x @ coef - y) / y))
+        return cls(stamp, tuple(float(c) for c in coef), len(rows), error, settings)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        row = {"format": FORMAT, "terms": list(TERMS)} | asdict(self)
+        path.write_text(json.dumps(row, indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        try:
+            row = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise RidgelineError(f"no profile at {path}: measure one with `ridgeline profile`") from None
+        except (OSError, json.JSONDecodeError) as error:
+            raise RidgelineError(f"cannot read profile {path}: {error}") from None
+        if not isinstance(row, dict) or row.get("format") != FORMAT or row.get("terms") != list(TERMS):
+            raise RidgelineError(f"profile {path} is not a ridgeline profile of format {FORMAT}: measure it again")
+        return cls(Stamp(**row["stamp"]), tuple(row["coefficients"]), row["samples"], row["median_abs_error"],
+                   row["settings"])
+
+
+class CalibratedStepTime:
+    def __init__(self, profile: Profile):
+        self.profile = profile
+        self.coefficients = profile.coefficients
+        self.name = (f"calibrated on {profile.stamp.cpu}, {profile.stamp.threads} threads ({profile.samples} steps, "
+                     f"median fit error {profile.median_abs_error:.1%})")
+
+    def seconds(self, terms: StepTerms) -> float:
+        return sum(c * f for c, f in zip(self.coefficients, features(terms)))

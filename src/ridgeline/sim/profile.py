@@ -1,0 +1,98 @@
+"""`ridgeline profile`: time this machine's real engine steps over a grid and fit the calibrated step model.
+
+Each grid point (decode rows R, context C) starts R requests of C prompt tokens (their prefill steps are
+samples too), lets them decode a few steps, then adds prompts of each prefill size alongside them (mixed
+steps), so the samples cover prefill, decode and the two together. What is timed is the whole
+LLMEngine.step (schedule, forward pass, sampling, detokenising), the cost the simulator stands in for.
+"""
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.scheduler import SchedulerOutput
+from ridgeline.perf.model_source import shape_from_checkpoint
+from ridgeline.model.checkpoint import read_checkpoint
+from ridgeline.sim.calibrated import Profile
+from ridgeline.sim.stamp import current_stamp
+from ridgeline.sim.step_time import StepTerms, TermsOf
+
+KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+WARMUP_STEPS = 4
+DECODE_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Grid:
+    decode_rows: tuple[int, ...] = (1, 4, 16, 32)
+    contexts: tuple[int, ...] = (32, 384, 1024)
+    prefill_tokens: tuple[int, ...] = (16, 128, 512)
+
+
+class StepTimer:
+    """Times engine.step() and keeps the SchedulerOutput it ran, as StepTerms."""
+
+    def __init__(self, engine: LLMEngine, terms_of: TermsOf):
+        self.engine, self.terms_of = engine, terms_of
+        self.rows: list[tuple[StepTerms, float]] = []
+        self._plan: SchedulerOutput | None = None
+        schedule = engine.scheduler.schedule
+
+        def recording_schedule() -> SchedulerOutput:
+            self._plan = schedule()
+            return self._plan
+
+        engine.scheduler.schedule = recording_schedule
+
+    def step(self, keep: bool = True) -> None:
+        start = time.perf_counter()
+        self.engine.step()
+        elapsed = time.perf_counter() - start
+        if keep and self._plan is not None and self._plan.chunks:
+            self.rows.append((self.terms_of(self._plan), elapsed))
+
+
+def measure(config: EngineConfig, grid: Grid, seed: int = 0,
+            progress: Callable[[str], None] = lambda line: None) -> Profile:
+    import torch
+
+    engine = LLMEngine(config)
+    shape = shape_from_checkpoint(read_checkpoint(config.model))
+    timer = StepTimer(engine, TermsOf(shape, KV_DTYPE_BYTES[config.kv_cache.dtype]))
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    counter = iter(range(10**9))
+
+    def add(prompt_len: int, max_tokens: int) -> str:
+        request_id = f"profile-{next(counter)}"
+        ids = [rng.randrange(vocab) for _ in range(prompt_len)]  # random: no prefix hits between requests
+        engine.add_request(request_id, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        return request_id
+
+    add(64, WARMUP_STEPS)
+    for _ in range(WARMUP_STEPS + 1):
+        timer.step(keep=False)
+    for rows in grid.decode_rows:
+        for context in grid.contexts:
+            progress(f"{rows} rows at context {context}")
+            ids = [add(context, DECODE_STEPS + 4 * len(grid.prefill_tokens) + 64) for _ in range(rows)]
+            while engine.scheduler.num_waiting or any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running):
+                timer.step()
+            for _ in range(DECODE_STEPS):
+                timer.step()
+            for prefill in grid.prefill_tokens:
+                add(prefill, 1)
+                timer.step()
+                while engine.scheduler.num_waiting:
+                    timer.step()
+            for request_id in ids:
+                engine.abort(request_id)
+            while engine.has_unfinished():
+                timer.step()
+    settings = {"model": engine.model_name, "kv_cache_dtype": config.kv_cache.dtype,
+                "block_size": config.scheduler.block_size, "dtype": config.dtype, "lm_head": config.lm_head}
+    stamp = current_stamp(engine.model_name, config.threads or torch.get_num_threads())
+    return Profile.fit(stamp, timer.rows, settings)
