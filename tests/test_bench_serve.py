@@ -191,3 +191,22 @@ def test_cli_prints_json_and_writes_both_plots(stub, tmp_path):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     refused = CliRunner().invoke(cli_app, ["bench", "serve", "--base-url", "http://192.0.2.1:8000"])
     assert isinstance(refused.exception, RidgelineError)
+
+
+def test_record_writes_a_trace_that_replays_and_simulates(stub, tmp_path):
+    from ridgeline.sim.trace import read_trace
+    from ridgeline.sim.workload import from_trace, poisson_arrivals
+
+    base_url, _ = stub
+    path = tmp_path / "trace.jsonl"
+    bench_serve(BenchServeConfig(base_url, num_prompts=3, input_len=5, output_len=4, record=path), [LoadLevel(request_rate=20.0)])
+    rows = read_trace(path)
+    # The simulator draws the same Poisson arrivals for the same seed, and reads the recorded lengths.
+    assert [r.arrival_s for r in rows] == pytest.approx(poisson_arrivals(20.0, 3, seed=0), abs=1e-6)
+    assert [(r.output_tokens, r.prompt_tokens, len(r.prompt.split())) for r in rows] == [(4, 5, 5)] * 3
+    assert [len(r.prompt_ids) for r in from_trace(rows, vocab_size=100).requests] == [5, 5, 5]
+    replay = bench_serve(BenchServeConfig(base_url, trace=path), [LoadLevel()])
+    (level,) = replay["levels"]
+    assert (level["completed"], level["output_tokens"], level["prompt_tokens"]) == (3, 12, 15)
+    with pytest.raises(RidgelineError, match="drop --request-rate"):
+        bench_serve(BenchServeConfig(base_url, trace=path), [LoadLevel(request_rate=1.0)])

@@ -1,7 +1,9 @@
 """Load generator for any OpenAI-compatible server: streamed requests at fixed concurrency or Poisson arrivals.
 
 Bounded twice: by the number of prompts and by a wall-clock limit per load level (requests still running
-at the limit are cancelled and counted as failed). Token counts come from the server's usage chunk
+at the limit are cancelled and counted as failed). `--trace FILE` replays a trace (sim/trace.py: arrival times,
+prompts as text or token ids, output lengths) instead; `--record FILE` writes what was sent, with what each
+request measured, in that same format, so `ridgeline simulate` can replay it. Token counts come from the server's usage chunk
 (`stream_options.include_usage`), falling back to one token per streamed chunk.
 """
 
@@ -19,6 +21,7 @@ import httpx
 
 from ridgeline.bench.serve_metrics import RequestResult, Slo, summarise
 from ridgeline.errors import RidgelineError
+from ridgeline.sim.trace import TraceRequest, read_trace, write_trace
 
 # Common English words: a prompt of N of them is roughly N tokens for most tokenizers.
 FILLER_WORDS = (
@@ -53,12 +56,16 @@ class BenchServeConfig:
     slo: Slo = Slo()
     allow_remote: bool = False
     seed: int = 0
+    trace: Path | None = None  # replay these arrivals and prompts (overrides the synthetic ones and the rate)
+    record: Path | None = None  # write the requests sent, with their measurements, as a trace
 
 
 @dataclass(frozen=True)
 class Prompt:
     text: str
     max_tokens: int
+    ids: tuple[int, ...] | None = None  # sent as the prompt instead of the text (completions only)
+    arrival_s: float | None = None  # from a trace
 
 
 def check_target(base_url: str, allow_remote: bool) -> None:
@@ -78,6 +85,13 @@ def check_target(base_url: str, allow_remote: bool) -> None:
 
 
 def make_prompts(config: BenchServeConfig) -> list[Prompt]:
+    if config.trace is not None:
+        rows = read_trace(config.trace)
+        if any(row.prompt is None and row.prompt_ids is None for row in rows):
+            raise RidgelineError(f"trace {config.trace}: a server needs each prompt as 'prompt' text or 'prompt_ids'")
+        if config.endpoint == "chat" and any(row.prompt is None for row in rows):
+            raise RidgelineError("token-id prompts need --endpoint completions")
+        return [Prompt(row.prompt or "", row.output_tokens, row.prompt_ids, row.arrival_s) for row in rows]
     if config.dataset is None:
         rng = random.Random(config.seed)
         return [
@@ -107,7 +121,7 @@ def request_body(config: BenchServeConfig, model: str, prompt: Prompt) -> dict:
     if config.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
-        body["prompt"] = prompt.text
+        body["prompt"] = list(prompt.ids) if prompt.ids is not None else prompt.text
     return body
 
 
@@ -175,33 +189,45 @@ async def run_level(
     prompts = make_prompts(config)
     in_flight = asyncio.Semaphore(level.concurrency or len(prompts))
     arrivals = random.Random(config.seed)
-    results: list[RequestResult] = []
+    results: dict[int, RequestResult] = {}
     limits = httpx.Limits(max_connections=level.concurrency or len(prompts))
     async with httpx.AsyncClient(base_url=config.base_url, timeout=config.max_seconds, limits=limits, trust_env=False) as client:
         model = config.model or await first_model(client)
 
-        async def one(prompt: Prompt, delay_s: float) -> None:
+        async def one(index: int, prompt: Prompt, delay_s: float) -> None:
             await asyncio.sleep(delay_s)
             async with in_flight:
                 result = await send_request(client, config, model, prompt)
-            results.append(result)
+            results[index] = result
             on_done(result)
 
         delays, clock = [], 0.0
-        for _ in prompts:
-            delays.append(clock)
+        for prompt in prompts:
+            delays.append(clock if prompt.arrival_s is None else prompt.arrival_s)
             if level.request_rate:
                 clock += arrivals.expovariate(level.request_rate)
         start = time.perf_counter()
-        tasks = [asyncio.create_task(one(p, d)) for p, d in zip(prompts, delays)]
+        tasks = [asyncio.create_task(one(i, p, d)) for i, (p, d) in enumerate(zip(prompts, delays))]
         _, pending = await asyncio.wait(tasks, timeout=config.max_seconds)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         duration = time.perf_counter() - start
-        results += [RequestResult(prompt="", error="cancelled at the time limit") for _ in pending]
-    summary = summarise(results, duration, config.slo)
+    for index in range(len(prompts)):
+        results.setdefault(index, RequestResult(prompt="", error="cancelled at the time limit"))
+    if config.record is not None:
+        record_trace(config.record, prompts, delays, [results[i] for i in range(len(prompts))])
+    summary = summarise(list(results.values()), duration, config.slo)
     return {"load": {"concurrency": level.concurrency, "request_rate": level.request_rate}, "model": model} | summary
+
+
+def record_trace(path: Path, prompts: list[Prompt], delays: list[float], results: list[RequestResult]) -> Path:
+    """What was sent (a replayable trace) and, beside it on each line, what the request measured."""
+    requests = [TraceRequest(delay, p.max_tokens, p.ids, p.text or None, r.usage_prompt_tokens)
+                for p, delay, r in zip(prompts, delays, results)]
+    measured = [{"ok": r.ok, "error": r.error or None, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
+                 "completion_tokens": r.output_tokens, "chunk_times_s": r.chunk_times_s} for r in results]
+    return write_trace(path, requests, measured)
 
 
 def roofline_points(levels: list[dict], config: BenchServeConfig) -> list[dict]:
@@ -230,6 +256,11 @@ def bench_serve(
     check_target(config.base_url, config.allow_remote)
     if config.endpoint not in ("completions", "chat"):
         raise RidgelineError(f"--endpoint must be completions or chat, got {config.endpoint!r}")
+    if config.record is not None and len(levels) > 1:
+        raise RidgelineError("--record writes one trace: give one load level")
+    if config.trace is not None and any(level.request_rate for level in levels):
+        raise RidgelineError("--trace brings its own arrival times: drop --request-rate")
     results = [asyncio.run(run_level(config, level, on_done)) for level in levels]
-    settings = asdict(config) | {"dataset": str(config.dataset) if config.dataset else None}
+    settings = asdict(config) | {key: str(getattr(config, key)) if getattr(config, key) else None
+                                 for key in ("dataset", "trace", "record")}
     return {"config": settings, "levels": results, "roofline_points": roofline_points(results, config)}

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, make_prompts
 from ridgeline.bench.serve_metrics import PERCENTILES, Slo
 from ridgeline.cli.app import bench_app
 from ridgeline.errors import RidgelineError
@@ -54,6 +54,8 @@ def bench_serve_command(
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--stop-at-eos", help="Ask the server to generate exactly --output-len tokens."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a server that is not on this machine."),
     seed: int = typer.Option(0, "--seed", help="Seed for synthetic prompts and Poisson arrivals."),
+    trace: Path = typer.Option(None, "--trace", help="Replay a JSONL trace (arrival_s, prompt or prompt_ids, output_tokens), as `simulate` reads it."),
+    record: Path = typer.Option(None, "--record", help="Write the requests sent, with what each measured, as a replayable JSONL trace."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (includes roofline_points for `roofline --measured`)."),
     plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png."),
 ) -> None:
@@ -71,10 +73,13 @@ def bench_serve_command(
         slo=Slo(slo_ttft_ms, slo_itl_ms),
         allow_remote=allow_remote,
         seed=seed,
+        trace=trace,
+        record=record,
     )
     console = Console(stderr=as_json)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("requests", total=num_prompts * len(levels))
+        total = len(make_prompts(config)) if trace else num_prompts
+        task = progress.add_task("requests", total=total * len(levels))
         report = bench_serve(config, levels, on_done=lambda result: progress.advance(task))
     if plot:
         report["plots"] = [str(p) for p in write_plots(report, plot)]

@@ -27,6 +27,8 @@ def engine_figures(result: SimResult) -> dict:
     return {
         "kv_occupancy_mean": sum(r.stats.kv_usage_s for r in replicas) / duration / len(replicas),
         "kv_occupancy_peak": max(r.stats.kv_usage_peak for r in replicas),
+        # While busy: the batch a step runs on average (idle time would drag it toward zero).
+        "running_batch_mean": sum(r.stats.running_s for r in replicas) / max(sum(r.stats.busy_s for r in replicas), 1e-12),
         "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "kv_transfers": sum(r.stats.kv_imports for r in replicas),

@@ -28,6 +28,7 @@ class ReplicaStats:
     busy_s: float = 0.0
     kv_usage_s: float = 0.0  # integral of the pool's usage over time (usage x step duration)
     kv_usage_peak: float = 0.0
+    running_s: float = 0.0  # integral of the running batch over time
     kv_imports: int = 0  # disaggregated decode: prompts whose KV arrived over the link
     kv_import_misses: int = 0  # ... but found no room, so the decode side recomputes them
     tokens_computed: int = 0
@@ -73,6 +74,7 @@ class Replica:
         usage = self.scheduler.block_manager.usage
         stats.kv_usage_s += usage * duration
         stats.kv_usage_peak = max(stats.kv_usage_peak, usage)
+        stats.running_s += self.scheduler.num_running * duration
         if stats.step_log is not None:
             stats.step_log.append((now, duration, [(c.seq.request_id, c.start, c.num_tokens) for c in plan.chunks]))
         return now + duration

@@ -1,0 +1,187 @@
+"""Answer the seeds' five serving questions with `ridgeline simulate`'s engine (roofline step time, catalogue
+machines) and write the README's figures and numbers.
+
+    python scripts/sim_seed_questions.py [--requests N]
+
+Writes docs/sim_q1_decode_knee.png ... docs/sim_q5_macs.png and docs/sim_seed_answers.json.
+"""
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ridgeline.engine.scheduler import SchedulerConfig  # noqa: E402
+from ridgeline.errors import RidgelineError  # noqa: E402
+from ridgeline.perf.hardware import get_hardware  # noqa: E402
+from ridgeline.perf.model_specs import MODEL_SPECS, model_spec  # noqa: E402
+from ridgeline.perf.roofline import Roofline  # noqa: E402
+from ridgeline.perf.serve_metrics import Slo  # noqa: E402
+from ridgeline.sim.kv_pool import kv_pool  # noqa: E402
+from ridgeline.sim.metrics import summarise_run  # noqa: E402
+from ridgeline.sim.setup import SimOptions, deployment  # noqa: E402
+from ridgeline.sim.simulator import simulate  # noqa: E402
+from ridgeline.sim.workload import synthetic  # noqa: E402
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+H100 = "nvidia-h100-sxm"
+
+
+def run(deploy, workload, slo=Slo()) -> dict:
+    return summarise_run(simulate(deploy, workload), slo, {}, deploy.shape.name)
+
+
+def q1_decode_knee(n: int) -> dict:
+    """Aggregate decode tok/s of Llama-3.1-8B BF16 on an H100 against the running batch."""
+    options = SimOptions("llama-3.1-8b", "BF16", H100, scheduler=SchedulerConfig(max_num_batched_tokens=16384,
+                                                                                   max_num_seqs=2048))
+    deploy = deployment(options)
+    roofline = Roofline(deploy.shape, get_hardware(H100))
+    rows = []
+    for batch in (1, 4, 16, 64, 128, 256, 384, 512, 768, 1024):
+        # Short prompts and long outputs: the steady state is decode at the batch; one round of requests.
+        level = run(deploy, synthetic(batch, 32, 256, deploy.shape.vocab_size, concurrency=batch, seed=1))
+        tpot = level["tpot_ms"]["p50"] / 1e3
+        rows.append({"batch": batch, "decode_tokens_per_s": batch / tpot, "tpot_ms": tpot * 1e3})
+    knee = roofline.compute_bound_batch(context=160)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([r["batch"] for r in rows], [r["decode_tokens_per_s"] for r in rows], "o-", label="simulated (roofline step time)")
+    ax.axvline(knee, color="grey", ls="--", label=f"napkin: compute-bound from batch {knee} (ridge {roofline.ridge:.0f} FLOP/B)")
+    ax.set(xscale="log", yscale="log", xlabel="running batch (sequences decoding together)", ylabel="aggregate decode tok/s",
+           title="Llama-3.1-8B BF16 on an H100 SXM: decode throughput vs batch")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sim_q1_decode_knee.png", dpi=120)
+    return {"ridge_flop_per_byte": roofline.ridge, "compute_bound_from_batch": knee, "points": rows}
+
+
+def q2_chunk_budget(n: int) -> dict:
+    """ITL vs TTFT under a mixed workload (long prompts arriving into running decodes) at budgets 2048 and 8192."""
+    result = {}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for budget in (2048, 8192):
+        deploy = deployment(SimOptions("llama-3.1-8b", "BF16", H100, scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
+        rows = []
+        for rate in (2, 4, 6, 8):
+            level = run(deploy, synthetic(n, 6000, 256, deploy.shape.vocab_size, rate=rate, seed=2))
+            rows.append({"rate": rate, "ttft_p50_ms": level["ttft_ms"]["p50"], "ttft_p90_ms": level["ttft_ms"]["p90"],
+                         "itl_p50_ms": level["itl_ms"]["p50"], "itl_p99_ms": level["itl_ms"]["p99"]})
+        result[budget] = rows
+        ax.plot([r["ttft_p50_ms"] for r in rows], [r["itl_p99_ms"] for r in rows], "o-", label=f"max_num_batched_tokens {budget}")
+        for r in rows:
+            ax.annotate(f"{r['rate']}/s", (r["ttft_p50_ms"], r["itl_p99_ms"]), fontsize=7)
+    ax.set(xlabel="TTFT p50 (ms)", ylabel="ITL p99 (ms)", xscale="log",
+           title="Chunk budget: Llama-3.1-8B on an H100, 6,000-token prompts, 256 output tokens")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sim_q2_chunk_budget.png", dpi=120)
+    return result
+
+
+def q3_kv_capacity(n: int) -> dict:
+    """Llama-3.3-70B (Q4_K_M weights, 43 GB) on one 80 GB H100 at 8k context: how far the KV pool lets the batch go."""
+    base = deployment(SimOptions("llama-3.3-70b", "Q4_K_M", H100, scheduler=SchedulerConfig(max_num_batched_tokens=8192)))
+    variants = {"GQA (8 KV heads), FP16 KV": (base.shape, 2), "GQA, 8-bit KV": (base.shape, 1),
+                "full MHA (64 KV heads), FP16 KV": (dataclasses.replace(base.shape, num_kv_heads=base.shape.num_heads), 2)}
+    result = {}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (shape, kv_bytes) in variants.items():
+        pool = kv_pool(shape, base.pool.memory_bytes, 16, kv_bytes)
+        deploy = dataclasses.replace(base, shape=shape, pool=pool, kv_dtype_bytes=kv_bytes)
+        rows = []
+        for concurrency in (1, 8, 16, 32, 64):
+            level = run(deploy, synthetic(max(concurrency, 8), 7936, 256, shape.vocab_size, concurrency=concurrency, seed=3))
+            rows.append({"concurrency": concurrency, "running_batch_mean": level["engine"]["running_batch_mean"],
+                         "output_tokens_per_s": level["output_tokens_per_s"], "preemptions": level["engine"]["preemptions"],
+                         "ttft_p50_ms": level["ttft_ms"]["p50"]})
+        result[label] = {"kv_pool_gb": pool.memory_bytes / 1e9, "kv_tokens": pool.tokens_of_all_layers,
+                         "sequences_of_8k": pool.tokens_of_all_layers // 8192, "points": rows}
+        ax.plot([r["concurrency"] for r in rows], [r["output_tokens_per_s"] for r in rows], "o-",
+                label=f"{label}: {pool.tokens_of_all_layers // 8192} x 8k fit")
+    ax.set(xscale="log", xlabel="clients (8k-token conversations in flight)", ylabel="output tok/s",
+           title="Llama-3.3-70B Q4_K_M on one H100 80 GB (29 GB left for KV)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sim_q3_kv_capacity.png", dpi=120)
+    result["kv_gb_for_32_x_8k_fp16"] = 32 * base.shape.kv_bytes_for_context(8192, 2) / 1e9
+    return result
+
+
+def q4_disaggregation(n: int) -> dict:
+    """Goodput of four H100s, colocated vs prefill/decode pools (DistServe-style), under TTFT and ITL SLOs."""
+    slo = Slo(ttft_ms=600, itl_ms=30)
+    layouts = {"4 colocated": dict(replicas=4), "1:3 disaggregated": dict(disaggregate=(1, 3)),
+               "2:2 disaggregated": dict(disaggregate=(2, 2))}
+    result = {}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, layout in layouts.items():
+        deploy = deployment(SimOptions("llama-3.1-8b", "BF16", H100, **layout))
+        rows = []
+        for rate in (10, 20, 30, 40, 50):
+            level = run(deploy, synthetic(n, 3000, 256, deploy.shape.vocab_size, rate=rate, seed=4), slo)
+            rows.append({"rate": rate, "goodput": level["goodput"], "ttft_p90_ms": level["ttft_ms"]["p90"],
+                         "tpot_p90_ms": level["tpot_ms"]["p90"]})
+        result[label] = rows
+        ax.plot([r["rate"] for r in rows], [r["goodput"] for r in rows], "o-", label=label)
+    ax.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within TTFT 600 ms, TPOT 30 ms)",
+           title="Four H100s, Llama-3.1-8B, 3,000-token prompts: colocated vs disaggregated")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sim_q4_disaggregation.png", dpi=120)
+    return result
+
+
+def q5_macs(n: int) -> dict:
+    """The seed's Mac mini M4 16 GB vs M4 Pro 48 GB: which catalogue models fit, and single-stream decode tok/s."""
+    result = {}
+    labels, series = [], {}
+    for machine in ("apple-m4-mini-16gb", "apple-m4-pro-48gb"):
+        series[machine] = {}
+        for name, spec in MODEL_SPECS.items():
+            for weights in ("Q4_K_M", "Q8_0", "BF16") if not spec.num_experts else ("MXFP4",):
+                key = f"{name} {weights}"
+                try:
+                    deploy = deployment(SimOptions(name, weights, machine))
+                except RidgelineError:
+                    series[machine][key] = None  # the weights do not fit
+                    continue
+                level = run(deploy, synthetic(4, 512, 128, deploy.shape.vocab_size, concurrency=1, seed=5))
+                series[machine][key] = {"decode_tokens_per_s": 1e3 / level["tpot_ms"]["p50"], "ttft_ms": level["ttft_ms"]["p50"]}
+                if key not in labels:
+                    labels.append(key)
+    result = series
+    fig, ax = plt.subplots(figsize=(8, 5))
+    width = 0.4
+    for i, machine in enumerate(series):
+        values = [(series[machine].get(k) or {}).get("decode_tokens_per_s", 0) for k in labels]
+        ax.barh([j + i * width for j in range(len(labels))], values, width, label=machine)
+    ax.set_yticks([j + width / 2 for j in range(len(labels))], labels, fontsize=7)
+    ax.set(xlabel="single-stream decode tok/s (0: does not fit)", title="16 GB Mac mini M4 vs 48 GB M4 Pro")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "sim_q5_macs.png", dpi=120)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=400, help="requests per simulated load level")
+    options = parser.parse_args()
+    answers = {}
+    for question in (q1_decode_knee, q2_chunk_budget, q3_kv_capacity, q4_disaggregation, q5_macs):
+        print(question.__name__, flush=True)
+        answers[question.__name__] = question(options.requests)
+    (DOCS / "sim_seed_answers.json").write_text(json.dumps(answers, indent=2))
+
+
+if __name__ == "__main__":
+    main()

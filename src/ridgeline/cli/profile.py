@@ -1,0 +1,46 @@
+"""`ridgeline profile`: measure this machine's engine steps and fit the simulator's calibrated step model."""
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ridgeline.cli.app import app
+from ridgeline.cli.bench_serve import parse_list
+from ridgeline.cli.engine_options import engine_config
+from ridgeline.sim.calibrated import TERMS
+from ridgeline.sim.setup import profile_path
+
+
+@app.command("profile", help="Time this machine's real engine steps over a grid (prefill tokens, decode rows, context) and fit the simulator's calibrated step model.")
+def profile_command(
+    model: Path = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
+    threads: int = typer.Option(None, "--threads", min=1, help="Torch intra-op threads (the profile is only valid for this count)."),
+    decode_rows: str = typer.Option("1,4,16,32", "--decode-rows", help="Decode batch sizes of the grid."),
+    contexts: str = typer.Option("32,384,1024", "--contexts", help="Context lengths (tokens already cached) of the grid."),
+    prefill_tokens: str = typer.Option("16,128,512", "--prefill-tokens", help="Prompt sizes added to each decode batch."),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens per step, as serve."),
+    kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, as serve."),
+    kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element type: bf16, fp16 or fp32."),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
+    dtype: str = typer.Option("float32", "--dtype", help="Activation dtype: float32 or bfloat16."),
+    lm_head: str = typer.Option("keep", "--lm-head", help="keep, q8 or q4 (as serve)."),
+    out: Path = typer.Option(None, "--out", help="Where to write the profile (default: ~/.cache/ridgeline/profiles/MODEL.json)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the random prompt ids."),
+) -> None:
+    from ridgeline.sim.profile import Grid, measure
+
+    config = engine_config(model, threads=threads, dtype=dtype, lm_head=lm_head, kv_cache_memory=kv_cache_memory,
+                           kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+                           max_num_batched_tokens=max_num_batched_tokens)
+    grid = Grid(tuple(parse_list(decode_rows, int, "--decode-rows")), tuple(parse_list(contexts, int, "--contexts")),
+                tuple(parse_list(prefill_tokens, int, "--prefill-tokens")))
+    console = Console()
+    with console.status("profiling") as status:
+        profile = measure(config, grid, seed, progress=lambda line: status.update(f"profiling: {line}"))
+    path = profile.save(out or profile_path(profile.stamp.model))
+    console.print(f"{profile.samples} steps measured; fit's median error {profile.median_abs_error:.1%}", highlight=False)
+    for term, coefficient in zip(TERMS, profile.coefficients):
+        console.print(f"  {term:>16}: {coefficient:.4g} s per unit", highlight=False)
+    console.print(f"profile for {profile.stamp.model} at {profile.stamp.commit[:12]}, {profile.stamp.cpu}, "
+                  f"{profile.stamp.threads} threads: wrote {path}", highlight=False)
