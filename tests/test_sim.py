@@ -110,7 +110,7 @@ def test_simulator_runs_the_engine_scheduler_objects():
     assert ridgeline.sim.replica.Scheduler is ridgeline.engine.scheduler.Scheduler
 
 
-@pytest.mark.parametrize("pages", [400, 14], ids=["roomy", "preempting"])
+@pytest.mark.parametrize("pages", [400, 30], ids=["roomy", "preempting"])
 def test_simulated_event_order_matches_a_real_engine(tiny_gemma3, pages):
     shape = shape_from_checkpoint(read_checkpoint(tiny_gemma3))
     page_bytes = shape.kv_bytes_per_token(KV_BYTES) / shape.num_layers * BLOCK  # one layer per group here
@@ -131,7 +131,7 @@ def test_simulated_event_order_matches_a_real_engine(tiny_gemma3, pages):
         assert track.token_times == pytest.approx(real_times[f"req-{track.index}"], abs=1e-9)
     engine_figures = summarise_run(result, Slo(), {}, shape.name)["engine"]
     assert engine_figures["prefix_hit_rate"] > 0  # the shared blocks were hit
-    if pages == 14:
+    if pages == 30:
         assert engine_figures["preemptions"] > 0
 
 
