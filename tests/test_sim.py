@@ -64,7 +64,7 @@ def tiny_workload() -> list[SimRequest]:
 def engine_run(model: str, num_pages_memory: int, requests: list[SimRequest], step_time) -> tuple[list, dict]:
     """A real LLMEngine whose scheduler reads a fake clock that the forward pass advances by the step time."""
     config = EngineConfig(model=model, kv_cache=KVCacheConfig(BLOCK, "fp32", num_pages_memory),
-                          scheduler=SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=BUDGET))
+                          scheduler=SchedulerConfig(max_num_batched_tokens=BUDGET))
     engine = LLMEngine(config)
     now = [0.0]
     engine.scheduler.clock = lambda: now[0]
@@ -103,7 +103,8 @@ def engine_run(model: str, num_pages_memory: int, requests: list[SimRequest], st
 def test_simulator_runs_the_engine_scheduler_objects():
     shape = model_spec("llama-3.1-8b").shape("BF16")
     pool = kv_pool(shape, 1e9, 16, 2)
-    replica = Replica("r0", SchedulerConfig(), pool, shape.max_context, LinearStepTime(), TermsOf(shape, 2))
+    replica = Replica("r0", SchedulerConfig(), pool, shape.max_context, shape.vocab_size, LinearStepTime(),
+                      TermsOf(shape, 2))
     assert type(replica.scheduler) is ridgeline.engine.scheduler.Scheduler
     assert type(replica.scheduler.block_manager) is ridgeline.engine.block_manager.BlockManager
     assert type(replica.scheduler.block_manager.prefix_cache) is ridgeline.engine.prefix_cache.PrefixCache
@@ -119,7 +120,7 @@ def test_simulated_event_order_matches_a_real_engine(tiny_gemma3, pages):
     step_time = LinearStepTime()
     pool = kv_pool(shape, memory, BLOCK, KV_BYTES)
     assert pool.num_pages == pages and pool.windows == (None, 8, 8)
-    deploy = Deployment(shape, pool, SchedulerConfig(block_size=BLOCK, max_num_batched_tokens=BUDGET), step_time,
+    deploy = Deployment(shape, pool, SchedulerConfig(max_num_batched_tokens=BUDGET), step_time,
                         KV_BYTES)
     result = simulate(deploy, Workload(requests), log_steps=True)
     sim_log = result.replicas[0].stats.step_log
@@ -148,7 +149,7 @@ def test_disaggregated_requests_decode_after_their_kv_crosses_the_link():
         assert len(track.token_times) == 12
         assert track.token_times[1] - track.token_times[0] >= transfer
     figures = summarise_run(result, Slo(), {}, shape.name)["engine"]
-    assert figures["kv_transfers"] == 40 and figures["kv_transfer_misses"] == 0
+    assert figures["kv_transfers"] == 40
     decode = [r for r in result.replicas if r.role == "decode"]
     # The decode side computed only the tail after the handed-over blocks, never a whole prompt.
     assert sum(r.stats.tokens_computed for r in decode) < 40 * (16 + 12)

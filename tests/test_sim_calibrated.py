@@ -53,7 +53,7 @@ def tiny_profile(tmp_path_factory):
     save_tokenizer(directory)
     config = EngineConfig(model=str(directory), threads=torch.get_num_threads(),
                           kv_cache=KVCacheConfig(4, "bf16", 1 << 20),
-                          scheduler=SchedulerConfig(block_size=4, max_num_batched_tokens=64))
+                          scheduler=SchedulerConfig(max_num_batched_tokens=64))
     profile = measure(config, Grid(decode_rows=(1, 3), contexts=(8, 40), prefill_tokens=(4, 30)))
     path = profile.save(directory / "profile.json")
     return str(directory), profile, path
@@ -65,7 +65,7 @@ def test_profile_of_the_real_engine_drives_the_simulator(tiny_profile):
     assert profile.stamp == current_stamp(profile.stamp.model, torch.get_num_threads())
     assert Profile.load(path) == profile
     deploy = deployment(SimOptions(model, calibrated=True, profile=str(path), kv_cache_memory=1 << 20,
-                                   scheduler=SchedulerConfig(block_size=4, max_num_batched_tokens=64)))
+                                   scheduler=SchedulerConfig(max_num_batched_tokens=64)))
     result = simulate(deploy, synthetic(12, 20, 6, deploy.shape.vocab_size, rate=100.0))
     assert all(len(track.token_times) == 6 for track in result.tracks)
     assert result.duration_s > 0

@@ -140,7 +140,7 @@ def print_report(console: Console, report: dict, title: str | None = None) -> No
         row("preemptions", [f"{e['preemptions']:,}" for e in engines])
         row("prefix hit rate", [f"{e['prefix_hit_rate']:.1%}" for e in engines])
         if any(e["kv_transfers"] for e in engines):
-            row("KV transfers (no room)", [f"{e['kv_transfers']:,} ({e['kv_transfer_misses']:,})" for e in engines])
+            row("KV transfers (waits for room)", [f"{e['kv_transfers']:,} ({e['kv_transfer_waits']:,})" for e in engines])
     console.print(table)
     for level in levels:
         for error in level["errors"]:

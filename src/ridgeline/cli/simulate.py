@@ -86,10 +86,9 @@ def simulate_command(
     plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png."),
 ) -> None:
     scheduler = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                block_size=block_size, enable_prefix_caching=not no_prefix_caching,
-                                enable_chunked_prefill=not no_chunked_prefill)
+                                enable_prefix_caching=not no_prefix_caching, enable_chunked_prefill=not no_chunked_prefill)
     options = SimOptions(model, weights, hardware, precision, kv_bytes,
-                         parse_bytes(kv_cache_memory) if kv_cache_memory else None, scheduler, replicas,
+                         parse_bytes(kv_cache_memory) if kv_cache_memory else None, scheduler, block_size, replicas,
                          parse_split(disaggregate), Link(link_gb_s * 1e9, link_latency_us * 1e-6), calibrated, profile,
                          threads)
     deploy = deployment(options)
@@ -99,7 +98,7 @@ def simulate_command(
                   shared_prefix_len=shared_prefix_len, max_concurrency=max_concurrency, seed=seed)
     config = {"model": deploy.shape.name, "weights": deploy.shape.weights, "step_time": deploy.step_time.name,
               "kv_pages": deploy.pool.num_pages, "kv_tokens": deploy.pool.tokens_of_all_layers,
-              "scheduler": vars(scheduler), "replicas": replicas, "disaggregate": disaggregate,
+              "scheduler": vars(scheduler), "block_size": block_size, "replicas": replicas, "disaggregate": disaggregate,
               "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms}, "workload": workload}
     if search:
         report = {"config": config, "search": run_search(options, deploy, slo, target_rate, common)}

@@ -32,7 +32,7 @@ def engine_figures(result: SimResult) -> dict:
         "preemptions": sum(r.scheduler.num_preemptions for r in replicas),
         "prefix_hit_rate": hits / queries if queries else 0.0,
         "kv_transfers": sum(r.stats.kv_imports for r in replicas),
-        "kv_transfer_misses": sum(r.stats.kv_import_misses for r in replicas),
+        "kv_transfer_waits": sum(r.stats.kv_import_waits for r in replicas),
         "busy_fraction": sum(r.stats.busy_s for r in replicas) / duration / len(replicas),
         "steps": sum(r.stats.steps for r in replicas),
         "events": result.events,

@@ -93,6 +93,6 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
             while engine.has_unfinished():
                 timer.step()
     settings = {"model": engine.model_name, "kv_cache_dtype": config.kv_cache.dtype,
-                "block_size": config.scheduler.block_size, "dtype": config.dtype, "lm_head": config.lm_head}
+                "block_size": config.kv_cache.block_size, "dtype": config.dtype, "lm_head": config.lm_head}
     stamp = current_stamp(engine.model_name, config.threads or torch.get_num_threads())
     return Profile.fit(stamp, timer.rows, settings)

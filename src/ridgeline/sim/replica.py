@@ -1,16 +1,19 @@
-"""One simulated engine: the real Scheduler (block manager, prefix cache, layer groups) on a virtual clock.
+"""One simulated engine: the real Scheduler (block manager, prefix cache, layer groups) and the real admission
+check, on a virtual clock.
 
 A step here is what LLMEngine.step is: schedule, one forward pass, update. The forward pass is replaced by the
 step-time model's duration, and every sampled token is SYNTHETIC_TOKEN (the requests ignore EOS and stop at
 their output length, so the token's value never matters except in the prefix hashes of generated blocks).
 Requests that arrive during a step join the waiting queue, which only the next schedule reads (the server's
-engine thread applies its commands between steps, to the same effect).
+engine thread applies its commands between steps, to the same effect). Disaggregated decode goes through the
+scheduler's own KV handoff: reserve_prefilled when the offer is taken, admit_prefilled once the pages landed.
 """
 
 from dataclasses import dataclass, field
 
-from ridgeline.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from ridgeline.engine.admission import Admission, AdmissionLimits
 from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
 from ridgeline.sim.kv_pool import KVPool
 from ridgeline.sim.step_time import StepTimeModel, TermsOf
@@ -30,38 +33,59 @@ class ReplicaStats:
     kv_usage_peak: float = 0.0
     running_s: float = 0.0  # integral of the running batch over time
     kv_imports: int = 0  # disaggregated decode: prompts whose KV arrived over the link
-    kv_import_misses: int = 0  # ... but found no room, so the decode side recomputes them
+    kv_import_waits: int = 0  # ... offers that found no room at a step boundary and waited for the next
     tokens_computed: int = 0
     step_log: list[tuple[float, float, list[tuple[str, int, int]]]] | None = field(default=None)
 
 
 class Replica:
-    def __init__(self, name: str, config: SchedulerConfig, pool: KVPool, max_model_len: int,
+    def __init__(self, name: str, config: SchedulerConfig, pool: KVPool, max_model_len: int, vocab_size: int,
                  step_time: StepTimeModel, terms_of: TermsOf, log_steps: bool = False, role: str = "colocated"):
         self.name, self.role = name, role  # role: colocated, prefill or decode
         self.now = 0.0
-        self.scheduler = Scheduler(config, pool.num_pages, max_model_len, clock=lambda: self.now, windows=pool.windows)
+        self.scheduler = Scheduler(config, pool.num_pages, max_model_len, clock=lambda: self.now,
+                                   windows=pool.windows, block_size=pool.block_size)
+        self.admission = Admission(AdmissionLimits(vocab_size, self.scheduler.max_seq_len, config.max_num_batched_tokens,
+                                                   config.enable_chunked_prefill))
         self.step_time, self.terms_of = step_time, terms_of
-        # (sequence, tokens whose KV arrived over the link): landed before the next schedule (disaggregated decode).
-        self.imports: list[tuple[Sequence, int]] = []
+        self.offers: list[Sequence] = []  # prefilled elsewhere, waiting for pages here (disaggregated decode)
+        self.landed: list[Sequence] = []  # their KV has arrived: admitted before the next schedule
+        self.reserved: list[Sequence] = []  # pages reserved at the last boundary: the caller starts their transfer
         self.plan: SchedulerOutput | None = None  # the step in flight
         self.start_queued = False
         self.stats = ReplicaStats(step_log=[] if log_steps else None)
 
     @property
     def outstanding(self) -> int:
-        return self.scheduler.num_running + self.scheduler.num_waiting
+        return self.scheduler.num_running + self.scheduler.num_waiting + len(self.offers)
 
     @property
     def busy(self) -> bool:
         return self.plan is not None
 
+    def add(self, request_id: str, prompt_ids: tuple[int, ...], output_tokens: int, now: float,
+            hold_kv: bool = False) -> Sequence:
+        """Admit (raises RidgelineError as the server would answer 400) and queue a request."""
+        admitted = self.admission.admit_ids(list(prompt_ids), request_params(output_tokens))
+        seq = Sequence(request_id, list(admitted.prompt_token_ids), admitted.params, now, hold_kv=hold_kv)
+        self.scheduler.add_request(seq)
+        return seq
+
     def start_step(self, now: float) -> float | None:
-        """Admit what arrived, schedule, and return when the step ends (None: nothing to run, the replica idles)."""
+        """Take landed KV and offers, schedule, and return when the step ends (None: nothing to run, so idle)."""
         self.now = now
-        for seq, num_tokens in self.imports:
-            self._import_kv(seq, num_tokens)
-        self.imports.clear()
+        for seq in self.landed:
+            self.scheduler.admit_prefilled(seq.request_id)
+        self.landed.clear()
+        waiting = []
+        for seq in self.offers:
+            if self.scheduler.reserve_prefilled(seq):
+                self.reserved.append(seq)
+                self.stats.kv_imports += 1
+            else:
+                waiting.append(seq)
+                self.stats.kv_import_waits += 1
+        self.offers = waiting
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return None
@@ -83,16 +107,3 @@ class Replica:
         self.now = now
         plan, self.plan = self.plan, None
         return self.scheduler.update(plan, [SYNTHETIC_TOKEN] * len(plan.sampling_chunks))
-
-    def _import_kv(self, seq: Sequence, num_tokens: int) -> None:
-        """Land a prompt's KV from a prefill replica: the pages are filled and named in the prefix cache, so the
-        scheduler admits seq with them as a prefix hit, exactly how a KV connector hands pages to vLLM. Only full
-        blocks are named, so the last partial block and the first token are recomputed here (a handful of tokens)."""
-        blocks = self.scheduler.block_manager
-        carrier = Sequence(f"{seq.request_id}/kv", seq.token_ids[:num_tokens], seq.sampling_params, self.now)
-        self.stats.kv_imports += 1
-        if blocks.prefix_cache is None or not blocks.allocate(carrier, num_tokens):
-            self.stats.kv_import_misses += 1
-            return
-        blocks.mark_computed(carrier, num_tokens)
-        blocks.free(carrier)

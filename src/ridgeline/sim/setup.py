@@ -30,6 +30,7 @@ class SimOptions:
     kv_bytes: float = 2  # bytes per KV element (1: an 8-bit KV cache)
     kv_cache_memory: float | None = None  # bytes per replica; None: what the machine has left after the weights
     scheduler: SchedulerConfig = SchedulerConfig()
+    block_size: int = 16  # tokens per KV page
     replicas: int = 1
     disaggregate: tuple[int, int] | None = None
     link: Link = Link()
@@ -82,6 +83,6 @@ def deployment(options: SimOptions) -> Deployment:
             raise RidgelineError(f"{shape.name} ({shape.total_weight_bytes / 1e9:.1f} GB of {shape.weights} weights) "
                                  f"does not fit {hardware.name} ({hardware.memory_bytes / 1e9:.0f} GB)")
         memory = options.kv_cache_memory or left
-    pool = kv_pool(shape, memory, options.scheduler.block_size, options.kv_bytes)
+    pool = kv_pool(shape, memory, options.block_size, options.kv_bytes)
     return Deployment(shape, pool, options.scheduler, step_time, options.kv_bytes, options.replicas,
                       options.disaggregate, options.link)

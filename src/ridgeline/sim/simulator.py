@@ -3,8 +3,12 @@
 Events at the same instant run in this order: steps end (tokens land), then arrivals and KV transfers join
 the replicas' queues, then replicas start their next steps; so a request arriving exactly as a step ends
 is scheduled in the next step, as in the server. Colocated: every replica prefills and decodes, and a request
-goes to the one with the fewest outstanding requests. Disaggregated: the prefill pool computes each prompt
-and its first token, the prompt's KV crosses the link, and the decode pool carries on from there.
+goes to the one with the fewest outstanding requests. Disaggregated, as `serve --role prefill|decode` runs it:
+the prefill pool computes each prompt and its first token and holds the pages; the offer reaches the least
+loaded decode replica after the link's latency; at its next step boundary that replica reserves pages
+(Scheduler.reserve_prefilled, prefix hits there skip their blocks); the missing KV then crosses the link, the
+replica admits the sequence at the boundary after it lands (admit_prefilled), and the prefill side frees its
+held pages.
 """
 
 import heapq
@@ -22,7 +26,7 @@ from ridgeline.sim.replica import Replica, request_params
 from ridgeline.sim.step_time import StepTimeModel, TermsOf
 from ridgeline.sim.workload import SimRequest, Workload
 
-STEP_END, ARRIVE, KV_LANDS, START = 0, 1, 1, 2  # same-instant order (see the module docstring)
+STEP_END, ARRIVE, KV_OFFER, KV_LANDS, START = 0, 1, 1, 1, 2  # same-instant order (see the module docstring)
 
 
 @dataclass
@@ -31,6 +35,8 @@ class Track:
 
     request: SimRequest
     index: int
+    prefill: "Replica | None" = None  # disaggregated: where the prompt's pages are held until collected
+    prefill_id: str = ""
     sent_s: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_s: float | None = None
@@ -70,10 +76,11 @@ class Simulation:
     def __init__(self, deployment: Deployment, workload: Workload, log_steps: bool = False):
         self.deployment, self.workload = deployment, workload
         terms_of = TermsOf(deployment.shape, deployment.kv_dtype_bytes)
-        max_len = deployment.shape.max_context
+        shape = deployment.shape
 
         def make(name: str, config: SchedulerConfig, role: str) -> Replica:
-            return Replica(name, config, deployment.pool, max_len, deployment.step_time, terms_of, log_steps, role)
+            return Replica(name, config, deployment.pool, shape.max_context, shape.vocab_size, deployment.step_time,
+                           terms_of, log_steps, role)
 
         if deployment.disaggregate is None:
             self.entry = [make(f"r{i}", deployment.scheduler, "colocated") for i in range(deployment.replicas)]
@@ -81,15 +88,14 @@ class Simulation:
         else:
             num_prefill, num_decode = deployment.disaggregate
             self.entry = [make(f"p{i}", deployment.scheduler, "prefill") for i in range(num_prefill)]
-            # Arriving KV is handed over through the prefix cache, so the decode side always has one.
-            decode_config = SchedulerConfig(**(vars(deployment.scheduler) | {"enable_prefix_caching": True}))
-            self.decode = [make(f"d{i}", decode_config, "decode") for i in range(num_decode)]
+            self.decode = [make(f"d{i}", deployment.scheduler, "decode") for i in range(num_decode)]
         self.tracks = [Track(request, i) for i, request in enumerate(workload.requests)]
         self._events: list = []
         self._order = itertools.count()
         self._gate: deque[Track] = deque()  # arrived, waiting for a concurrency slot
         self._in_flight = 0
         self._by_seq: dict[str, Track] = {}
+        self._terms = terms_of
 
     def run(self) -> SimResult:
         for track in self.tracks:
@@ -109,16 +115,23 @@ class Simulation:
                 replica = payload
                 replica.start_queued = False
                 step_end = replica.start_step(now)
+                for seq in replica.reserved:  # pages reserved: the KV the decode side lacks crosses the link
+                    self._push(now + self._transfer_s(seq), KV_LANDS, (replica, seq))
+                replica.reserved.clear()
                 if step_end is not None:
                     self._push(step_end, STEP_END, replica)
             elif isinstance(payload, Track):  # ARRIVE
                 self._gate.append(payload)
                 self._admit(now)
-            else:  # KV_LANDS: (track, sequence) for the decode pool
-                track, seq = payload
+            elif isinstance(payload, Sequence):  # KV_OFFER: a prefilled sequence for the decode pool
                 replica = min(self.decode, key=lambda r: r.outstanding)
-                replica.imports.append((seq, len(track.request.prompt_ids)))
-                replica.scheduler.add_request(seq)
+                replica.offers.append(payload)
+                self._queue_start(replica, now)
+            else:  # KV_LANDS: every page arrived; the prefill side lets go of its copy
+                replica, seq = payload
+                replica.landed.append(seq)
+                track = self._by_seq[seq.request_id]
+                track.prefill.scheduler.release_held(track.prefill_id)
                 self._queue_start(replica, now)
         return SimResult(self.tracks, self.entry + self.decode, end, events)
 
@@ -138,10 +151,9 @@ class Simulation:
             track.sent_s = now
             request = track.request
             output = 1 if self.decode else request.output_tokens
-            seq = Sequence(f"req-{track.index}", request.prompt_ids, request_params(output), now)
             replica = min(self.entry, key=lambda r: r.outstanding)
             try:
-                replica.scheduler.add_request(seq)
+                seq = replica.add(f"req-{track.index}", request.prompt_ids, output, now, hold_kv=bool(self.decode))
             except RidgelineError as error:  # the server answers such a request with a 400
                 track.error, track.finish_s = str(error), now
                 self._in_flight -= 1
@@ -154,15 +166,30 @@ class Simulation:
         track.token_times.extend(seq.token_times)
         if replica in self.entry:
             track.num_cached_tokens = seq.num_cached_tokens
-        if self.decode and replica in self.entry and track.request.output_tokens > 1:
-            nbytes = self.deployment.shape.kv_bytes_for_context(seq.num_prompt_tokens, self.deployment.kv_dtype_bytes)
-            rest = Sequence(f"{seq.request_id}/decode", seq.token_ids, request_params(track.request.output_tokens - 1), now)
-            self._by_seq[rest.request_id] = track
-            self._push(now + self.deployment.link.seconds(nbytes), KV_LANDS, (track, rest))
-            return
+        if replica.role == "prefill":
+            track.prefill, track.prefill_id = replica, seq.request_id
+            if track.request.output_tokens > 1:
+                # As the decode engine's receive_kv builds it: the prompt plus the first token sampled over there.
+                rest = Sequence(f"{seq.request_id}/decode", list(seq.prompt_token_ids),
+                                request_params(track.request.output_tokens), now)
+                rest.append_token(seq.output_token_ids[0], seq.token_times[0])
+                rest.token_times.clear()  # the first token's time is already the track's
+                self._by_seq[rest.request_id] = track
+                self._push(now + self.deployment.link.latency_s, KV_OFFER, rest)
+                return
+            replica.scheduler.release_held(seq.request_id)
         track.finish_s = now
         self._in_flight -= 1
         self._admit(now)
+
+
+    def _transfer_s(self, seq: Sequence) -> float:
+        """The KV the decode side did not find in its own prefix cache, over the link (sliding-window layers
+        send only their window: kv_bytes_for_context is window-aware)."""
+        shape, kvb = self.deployment.shape, self.deployment.kv_dtype_bytes
+        prompt = seq.num_prompt_tokens
+        missing = shape.kv_bytes_for_context(prompt, kvb) * (prompt - seq.num_computed_tokens) / prompt
+        return self.deployment.link.seconds(missing)
 
 
 def simulate(deployment: Deployment, workload: Workload, log_steps: bool = False) -> SimResult:
