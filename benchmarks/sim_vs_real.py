@@ -17,19 +17,18 @@ Target (issue 14): median error <= 8% over all metrics and levels, and no TTFT p
 import argparse
 import json
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from statistics import median
 
-import httpx
+from served import ridgeline_server
+
 
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
-from ridgeline.perf.serve_metrics import Slo
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+from ridgeline.bench.serve_metrics import Slo
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.setup import SimOptions, deployment
 from ridgeline.sim.simulator import simulate
@@ -45,14 +44,6 @@ OUTPUT_LENGTHS = (16, 32, 64)
 SHARED_PREFIX = 256
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def make_trace(path: Path, count: int, vocab: int, rate: float | None, seed: int) -> Path:
     rng = random.Random(seed)
     prefix = [rng.randrange(FIRST_PLAIN_ID, vocab) for _ in range(SHARED_PREFIX)]
@@ -64,18 +55,6 @@ def make_trace(path: Path, count: int, vocab: int, rate: float | None, seed: int
         ids = head + [rng.randrange(FIRST_PLAIN_ID, vocab) for _ in range(length - len(head))]
         rows.append(TraceRequest(arrival, rng.choice(OUTPUT_LENGTHS), prompt_ids=tuple(ids)))
     return write_trace(path, rows)
-
-
-def wait_until_ready(server: subprocess.Popen, url: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while server.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server did not start; see {OUT / 'serve.log'}")
 
 
 def value(level: dict, metric: str, stat: str | None) -> float:
@@ -125,14 +104,8 @@ def main() -> None:
     traces = {label: make_trace(OUT / f"trace-{label.replace(' ', '-')}.jsonl", args.requests, vocab, rate, seed=i)
               for i, (label, rate, _) in enumerate(levels)}
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(OUT / "serve.log", "w")
-    server = subprocess.Popen([*python, "serve", "--port", str(port), "--threads", str(args.threads)],
-                              stdout=log, stderr=subprocess.STDOUT)
     measured = {}
-    try:
-        wait_until_ready(server, url + "/health")
+    with open(OUT / "serve.log", "w") as log, ridgeline_server("--threads", str(args.threads), stderr=log) as (url, _):
         warm = make_trace(OUT / "warm-up.jsonl", 4, vocab, None, seed=99)
         bench_serve(BenchServeConfig(url, trace=warm), [LoadLevel(concurrency=2)])
         for label, _, concurrency in levels:
@@ -140,13 +113,6 @@ def main() -> None:
             record = OUT / f"recorded-{label.replace(' ', '-')}.jsonl"
             config = BenchServeConfig(url, trace=traces[label], record=record, max_seconds=600)
             measured[label] = bench_serve(config, [LoadLevel(concurrency=concurrency)])["levels"][0]
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
     options = SimOptions(calibrated=True, profile=str(profile), threads=args.threads, scheduler=SchedulerConfig())
     deploy = deployment(options)

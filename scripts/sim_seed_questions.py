@@ -18,10 +18,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ridgeline.engine.scheduler import SchedulerConfig  # noqa: E402
 from ridgeline.errors import RidgelineError  # noqa: E402
-from ridgeline.perf.hardware import get_hardware  # noqa: E402
-from ridgeline.perf.model_specs import MODEL_SPECS, model_spec  # noqa: E402
-from ridgeline.perf.roofline import Roofline  # noqa: E402
-from ridgeline.perf.serve_metrics import Slo  # noqa: E402
+from ridgeline.napkin.hardware import catalogued  # noqa: E402
+from ridgeline.napkin.model_specs import MODEL_SPECS  # noqa: E402
+from ridgeline.napkin.roofline import Roofline  # noqa: E402
+from ridgeline.bench.serve_metrics import Slo  # noqa: E402
 from ridgeline.sim.kv_pool import kv_pool  # noqa: E402
 from ridgeline.sim.metrics import summarise_run  # noqa: E402
 from ridgeline.sim.setup import SimOptions, deployment  # noqa: E402
@@ -30,6 +30,13 @@ from ridgeline.sim.workload import synthetic  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 H100 = "nvidia-h100-sxm"
+
+
+def finish(fig, ax, name: str, grid: str = "major") -> None:
+    ax.legend(fontsize=8)
+    ax.grid(True, which=grid, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(DOCS / name, dpi=120)
 
 
 def run(deploy, workload, slo=Slo()) -> dict:
@@ -41,7 +48,7 @@ def q1_decode_knee(n: int) -> dict:
     options = SimOptions("llama-3.1-8b", "BF16", H100, scheduler=SchedulerConfig(max_num_batched_tokens=16384,
                                                                                    max_num_seqs=2048))
     deploy = deployment(options)
-    roofline = Roofline(deploy.shape, get_hardware(H100))
+    roofline = Roofline(deploy.shape, catalogued(H100))
     rows = []
     for batch in (1, 4, 16, 64, 128, 256, 384, 512, 768, 1024):
         # Short prompts and long outputs: the steady state is decode at the batch; one round of requests.
@@ -54,10 +61,7 @@ def q1_decode_knee(n: int) -> dict:
     ax.axvline(knee, color="grey", ls="--", label=f"napkin: compute-bound from batch {knee} (ridge {roofline.ridge:.0f} FLOP/B)")
     ax.set(xscale="log", yscale="log", xlabel="running batch (sequences decoding together)", ylabel="aggregate decode tok/s",
            title="Llama-3.1-8B BF16 on an H100 SXM: decode throughput vs batch")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "sim_q1_decode_knee.png", dpi=120)
+    finish(fig, ax, "sim_q1_decode_knee.png", "both")
     return {"ridge_flop_per_byte": roofline.ridge, "compute_bound_from_batch": knee, "points": rows}
 
 
@@ -68,7 +72,7 @@ def q2_chunk_budget(n: int) -> dict:
     for budget in (2048, 8192):
         deploy = deployment(SimOptions("llama-3.1-8b", "BF16", H100, scheduler=SchedulerConfig(max_num_batched_tokens=budget)))
         rows = []
-        for rate in (2, 4, 6, 8):
+        for rate in (1, 2, 3, 4):
             level = run(deploy, synthetic(n, 6000, 256, deploy.shape.vocab_size, rate=rate, seed=2))
             rows.append({"rate": rate, "ttft_p50_ms": level["ttft_ms"]["p50"], "ttft_p90_ms": level["ttft_ms"]["p90"],
                          "itl_p50_ms": level["itl_ms"]["p50"], "itl_p99_ms": level["itl_ms"]["p99"]})
@@ -78,10 +82,7 @@ def q2_chunk_budget(n: int) -> dict:
             ax.annotate(f"{r['rate']}/s", (r["ttft_p50_ms"], r["itl_p99_ms"]), fontsize=7)
     ax.set(xlabel="TTFT p50 (ms)", ylabel="ITL p99 (ms)", xscale="log",
            title="Chunk budget: Llama-3.1-8B on an H100, 6,000-token prompts, 256 output tokens")
-    ax.legend(fontsize=8)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "sim_q2_chunk_budget.png", dpi=120)
+    finish(fig, ax, "sim_q2_chunk_budget.png")
     return result
 
 
@@ -107,10 +108,7 @@ def q3_kv_capacity(n: int) -> dict:
                 label=f"{label}: {pool.tokens_of_all_layers // 8192} x 8k fit")
     ax.set(xscale="log", xlabel="clients (8k-token conversations in flight)", ylabel="output tok/s",
            title="Llama-3.3-70B Q4_K_M on one H100 80 GB (29 GB left for KV)")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "sim_q3_kv_capacity.png", dpi=120)
+    finish(fig, ax, "sim_q3_kv_capacity.png", "both")
     result["kv_gb_for_32_x_8k_fp16"] = 32 * base.shape.kv_bytes_for_context(8192, 2) / 1e9
     return result
 
@@ -133,10 +131,7 @@ def q4_disaggregation(n: int) -> dict:
         ax.plot([r["rate"] for r in rows], [r["goodput"] for r in rows], "o-", label=label)
     ax.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within TTFT 600 ms, TPOT 30 ms)",
            title="Four H100s, Llama-3.1-8B, 3,000-token prompts: colocated vs disaggregated")
-    ax.legend(fontsize=8)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(DOCS / "sim_q4_disaggregation.png", dpi=120)
+    finish(fig, ax, "sim_q4_disaggregation.png")
     return result
 
 

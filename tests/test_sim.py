@@ -18,10 +18,10 @@ from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.perf.hardware import get_hardware
-from ridgeline.perf.model_source import shape_from_checkpoint
-from ridgeline.perf.model_specs import model_spec
-from ridgeline.perf.serve_metrics import Slo
+from ridgeline.napkin.hardware import catalogued
+from ridgeline.bench.model_source import shape_from_checkpoint
+from ridgeline.napkin.model_specs import model_spec
+from ridgeline.bench.serve_metrics import Slo
 from ridgeline.sim.kv_pool import kv_pool
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.replica import Replica, request_params
@@ -138,7 +138,7 @@ def test_simulated_event_order_matches_a_real_engine(tiny_gemma3, pages):
 
 def test_disaggregated_requests_decode_after_their_kv_crosses_the_link():
     shape = model_spec("llama-3.1-8b").shape("BF16")
-    hardware = get_hardware("nvidia-h100-sxm")
+    hardware = catalogued("nvidia-h100-sxm")
     step_time = RooflineStepTime(shape, hardware)
     pool = kv_pool(shape, 20e9, 16, 2)
     workload = synthetic(40, 600, 12, shape.vocab_size, rate=50.0, seed=3)
@@ -157,7 +157,7 @@ def test_disaggregated_requests_decode_after_their_kv_crosses_the_link():
 
 def test_shared_prefixes_hit_the_prefix_cache_only_when_it_is_on():
     shape = model_spec("llama-3.1-8b").shape("BF16")
-    step_time = RooflineStepTime(shape, get_hardware("nvidia-h100-sxm"))
+    step_time = RooflineStepTime(shape, catalogued("nvidia-h100-sxm"))
     workload = synthetic(30, 256, 4, shape.vocab_size, rate=5.0, shared_prefix_len=128)
     rates = []
     for caching in (True, False):

@@ -12,7 +12,7 @@ from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm_engine import EngineConfig
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.model_specs import model_spec
+from ridgeline.napkin.model_specs import model_spec
 from ridgeline.sim.calibrated import TERMS, CalibratedStepTime, Profile, nonnegative_least_squares
 from ridgeline.sim.profile import Grid, measure
 from ridgeline.sim.setup import SimOptions, deployment

@@ -13,7 +13,7 @@ from ridgeline.cli.bench_serve import parse_list, print_report, write_plots
 from ridgeline.cli.engine_options import parse_bytes
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.serve_metrics import Slo
+from ridgeline.bench.serve_metrics import Slo
 from ridgeline.sim.link import Link
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.search import fleets, max_rate

@@ -11,9 +11,9 @@ carries its source, and `simulate` prints it.
 from dataclasses import dataclass
 from statistics import median
 
-from ridgeline.perf.hardware import Hardware, observations
-from ridgeline.perf.model_specs import MODEL_SPECS, model_spec
-from ridgeline.perf.roofline import REALISTIC_BAND, Roofline
+from ridgeline.napkin.hardware import Hardware, observations
+from ridgeline.napkin.model_specs import MODEL_SPECS, model_spec
+from ridgeline.napkin.roofline import REALISTIC_BAND, Roofline
 
 DEFAULT_FACTOR = sum(REALISTIC_BAND) / 2
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ridgeline.errors import RidgelineError
 from ridgeline.model.kv_groups import layer_groups
-from ridgeline.perf.model_shape import ModelShape
+from ridgeline.napkin.model_shape import ModelShape
 
 
 @dataclass(frozen=True)

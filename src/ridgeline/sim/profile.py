@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import SchedulerOutput
-from ridgeline.perf.model_source import shape_from_checkpoint
+from ridgeline.bench.model_source import shape_from_checkpoint
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.sim.calibrated import Profile
 from ridgeline.sim.stamp import current_stamp

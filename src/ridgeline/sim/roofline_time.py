@@ -8,9 +8,9 @@ machine with its bandwidth and FLOP/s scaled by the efficiency factors (sim/effi
 
 import dataclasses
 
-from ridgeline.perf.hardware import Hardware
-from ridgeline.perf.model_shape import ModelShape
-from ridgeline.perf.roofline import Roofline, StepCost
+from ridgeline.napkin.hardware import Hardware
+from ridgeline.napkin.model_shape import ModelShape
+from ridgeline.napkin.roofline import Roofline, StepCost
 from ridgeline.sim.efficiency import Efficiency, machine_efficiency
 from ridgeline.sim.step_time import StepTerms
 

@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Callable
 
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.hardware import catalogue
-from ridgeline.perf.serve_metrics import Slo
+from ridgeline.napkin.hardware import catalogue
+from ridgeline.bench.serve_metrics import Slo
 from ridgeline.sim.metrics import request_result
 from ridgeline.sim.setup import SimOptions, deployment
 from ridgeline.sim.simulator import Deployment, simulate

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.hardware import THIS_MACHINE, get_hardware
-from ridgeline.perf.model_shape import ModelShape
-from ridgeline.perf.model_source import load_model_shape
+from ridgeline.napkin.hardware import THIS_MACHINE, catalogued
+from ridgeline.napkin.model_shape import ModelShape
+from ridgeline.bench.model_source import load_model_shape
 from ridgeline.sim.calibrated import CalibratedStepTime, Profile
 from ridgeline.sim.kv_pool import kv_pool
 from ridgeline.sim.link import Link
@@ -76,7 +76,12 @@ def deployment(options: SimOptions) -> Deployment:
         step_time = calibrated_step_time(shape, options)
         memory = options.kv_cache_memory or 2 << 30  # serve's default budget
     else:
-        hardware = get_hardware(options.hardware)
+        if options.hardware == THIS_MACHINE:  # its measured ceilings: a roofline of this machine, not a profile
+            from ridgeline.bench.this_machine import this_machine
+
+            hardware = this_machine()
+        else:
+            hardware = catalogued(options.hardware)
         step_time = RooflineStepTime(shape, hardware, options.precision)
         left = hardware.memory_bytes * MEMORY_UTILISATION - shape.total_weight_bytes
         if options.kv_cache_memory is None and left <= 0:

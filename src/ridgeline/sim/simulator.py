@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.engine.sequence import Sequence
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.model_shape import ModelShape
+from ridgeline.napkin.model_shape import ModelShape
 from ridgeline.sim.kv_pool import KVPool
 from ridgeline.sim.link import Link
 from ridgeline.sim.replica import Replica, request_params

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import ridgeline
 from ridgeline.errors import RidgelineError
-from ridgeline.perf.hardware import _cpu_model
+from ridgeline.bench.this_machine import _cpu_model
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ridgeline.engine.scheduler import SchedulerOutput
-from ridgeline.perf.model_shape import ModelShape
+from ridgeline.napkin.model_shape import ModelShape
 
 
 @dataclass(frozen=True)
