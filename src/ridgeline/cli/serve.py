@@ -37,7 +37,14 @@ def serve_command(
     decode_workers: int = typer.Option(0, "--decode-workers", min=0, help="Disaggregated on Ray: this many decode workers as Ray actors."),
     ray_address: str = typer.Option(None, "--ray-address", help="The Ray cluster for --prefill-workers/--decode-workers (default: start a local one)."),
     local_prefill_tokens: int = typer.Option(64, "--local-prefill-tokens", min=0, help="With Ray workers: prompts shorter than this are prefilled on the decode worker."),
+    router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
+    memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
 ) -> None:
+    if router is not None:
+        from ridgeline.cli.router import run_router
+
+        run_router(router, memory, host, port, api_key)
+        return
     if prefill_workers or decode_workers:
         _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, local_prefill_tokens, threads,
                       kv_cache_memory, kv_cache_dtype)

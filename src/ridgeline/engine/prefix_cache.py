@@ -41,6 +41,9 @@ class PrefixCache:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
         self.num_query_tokens = 0
         self.num_hit_tokens = 0
+        # Names gained and lost, for a router matching prompts against what each worker holds (cluster/affinity.py);
+        # None (the default) records nothing. Entries: ("stored", name), ("removed", name).
+        self.events: list[tuple[str, PageName]] | None = None
 
     def lookup(self, name: PageName) -> int | None:
         return self._page_by_name.get(name)
@@ -54,6 +57,8 @@ class PrefixCache:
         if name not in self._page_by_name and page not in self._name_by_page:
             self._page_by_name[name] = page
             self._name_by_page[page] = name
+            if self.events is not None:
+                self.events.append(("stored", name))
 
     def park(self, page: int) -> None:
         """A named page's last reference is gone: keep it for hits, most recently used."""
@@ -70,7 +75,10 @@ class PrefixCache:
     def evict_lru(self) -> int:
         """Forget the least recently used evictable page's contents and hand the page back for reuse."""
         page, _ = self._evictable.popitem(last=False)
-        del self._page_by_name[self._name_by_page.pop(page)]
+        name = self._name_by_page.pop(page)
+        del self._page_by_name[name]
+        if self.events is not None:
+            self.events.append(("removed", name))
         return page
 
     def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:

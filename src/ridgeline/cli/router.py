@@ -1,0 +1,45 @@
+"""`ridgeline router CONFIG` (also `ridgeline serve --router CONFIG`): one OpenAI endpoint over several models
+and replicas, with the virtual model `auto` (see cluster/config.py for the file)."""
+
+from pathlib import Path
+
+import typer
+
+from ridgeline.cli.app import app
+
+
+def run_router(config_path: Path, memory: str | None, host: str | None, port: int | None,
+               api_key: str | None = None) -> None:
+    from ridgeline.cli.engine_options import parse_bytes
+    from ridgeline.cluster.build import build_router
+    from ridgeline.cluster.config import load_config
+    from ridgeline.server.app import ServerConfig
+    from ridgeline.server.launcher import configure_logging, run_server
+    from ridgeline.server.router_app import create_router_app
+
+    configure_logging()
+    config = load_config(config_path)
+    budget = parse_bytes(memory) if memory else None
+    settings = config.router
+    server_config = ServerConfig(host=host or settings.host, port=port if port is not None else settings.port,
+                                 api_key=api_key or settings.api_key)
+
+    async def build():
+        built = await build_router(config, budget)
+        for placement in built.placements:
+            state = "loaded" if placement.loaded else "LEFT OUT"
+            print(f"{placement.backend.model} [{placement.backend.kind}] {state}: {placement.reason}", flush=True)
+        return built.router
+
+    run_server(create_router_app(build, api_key=server_config.api_key), server_config)
+
+
+@app.command("router", help="Serve several models and replicas behind one OpenAI endpoint, with `auto` routing.")
+def router_command(
+    config: Path = typer.Argument(..., help="Router config (TOML): [router] settings and [[backend]] entries."),
+    memory: str = typer.Option(None, "--memory", help="Memory budget, e.g. 16GB: load only the tiers that fit."),
+    host: str = typer.Option(None, "--host", help="Address to bind (default: the config's, else 127.0.0.1)."),
+    port: int = typer.Option(None, "--port", min=0, max=65535, help="TCP port (default: the config's, else 8000)."),
+    api_key: str = typer.Option(None, "--api-key", envvar="RIDGELINE_API_KEY", help="Require 'Authorization: Bearer KEY'."),
+) -> None:
+    run_router(config, memory, host, port, api_key)

@@ -1,0 +1,58 @@
+"""Memory-aware placement: given a budget (`--memory 16GB`), load only the tiers whose weights and KV cache fit,
+in the order the config lists them, and say of each tier left out why (the napkin's `advise` decides the fit,
+so the reason reads like its answer)."""
+
+from dataclasses import dataclass
+
+from ridgeline.cluster.config import BackendConfig, RouterConfig
+
+# A request shape for the fit check beyond the KV pool the engine reserves: one typical stream.
+FIT_PROMPT_TOKENS, FIT_OUTPUT_TOKENS = 512, 128
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: BackendConfig
+    loaded: bool
+    weight_bytes: float
+    kv_bytes: float
+    reason: str  # why it was left out, or what it costs
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weight_bytes + self.kv_bytes) * self.backend.replicas
+
+
+def place(config: RouterConfig, budget_bytes: float | None, hardware) -> list[Placement]:
+    """One Placement per backend; HTTP backends take no local memory and are always kept."""
+    from ridgeline.cli.engine_options import parse_bytes
+    from ridgeline.perf.advise import RequestShape, advise_one
+    from ridgeline.perf.model_source import load_model_shape
+
+    remaining = budget_bytes
+    placements = []
+    for backend in config.backends:
+        if backend.kind == "openai":
+            placements.append(Placement(backend, True, 0.0, 0.0, f"remote at {backend.url}"))
+            continue
+        shape = load_model_shape(config.resolve(backend.path))
+        kv = float(parse_bytes(backend.kv_cache_memory))
+        need = (shape.total_weight_bytes + kv) * backend.replicas
+        if remaining is None:
+            placements.append(Placement(backend, True, shape.total_weight_bytes, kv, "no memory budget given"))
+            continue
+        # advise checks weights + one stream's KV against what the reserved KV pools leave of the budget.
+        advice = advise_one(shape, hardware, RequestShape(FIT_PROMPT_TOKENS, FIT_OUTPUT_TOKENS),
+                            budget_bytes=max(1.0, remaining - kv * backend.replicas - shape.total_weight_bytes
+                                             * (backend.replicas - 1)))
+        if advice.fits and need <= remaining:
+            remaining -= need
+            placements.append(Placement(backend, True, shape.total_weight_bytes, kv,
+                                        f"{need / 1e9:.2f} GB ({backend.replicas} x {shape.total_weight_bytes / 1e9:.2f} GB "
+                                        f"weights + {kv / 1e9:.2f} GB KV), ~{advice.tokens_per_s_per_stream:.0f} tok/s "
+                                        f"per stream; {remaining / 1e9:.2f} GB left"))
+        else:
+            why = advice.why_not or f"needs {need / 1e9:.2f} GB"
+            placements.append(Placement(backend, False, shape.total_weight_bytes, kv,
+                                        f"left out: {why}; {remaining / 1e9:.2f} GB of the budget left"))
+    return placements

@@ -1,0 +1,284 @@
+"""The router: models, their replicas, and for each request which model (for `auto`) and which replica.
+
+It keeps the replicas' health (a background probe; a failed request takes a replica out at once), their load
+counted at dispatch (load.py), the prefix blocks they hold (affinity.py) and their rates (rates.py), and sends a
+request to the best usable replica, failing over to the next while nothing has been produced yet. Once a replica
+has produced output for a request, a failure ends that request with an explicit error (ReplicaFailed): it is
+never silently re-run, and never left waiting.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ridgeline.cluster.affinity import PrefixIndex, prompt_block_hashes
+from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaBusy, ReplicaError, ReplicaFailed, ReplicaRejected
+from ridgeline.cluster.health import Health
+from ridgeline.cluster.http_replica import HttpReplica
+from ridgeline.cluster.load import LoadTracker
+from ridgeline.cluster.messages import GenerateRequest
+from ridgeline.cluster.metrics import RouterMetrics
+from ridgeline.cluster.rates import Rates
+from ridgeline.cluster.replica_policy import ReplicaChoice, RoundRobin, rank_replicas
+from ridgeline.cluster.replicas import Replica, WorkerReplica
+from ridgeline.cluster.tier_policy import TierCandidate, TierDecision, calibrate, decide, difficulty
+from ridgeline.engine.outputs import RequestOutput
+
+logger = logging.getLogger("ridgeline.router")
+
+
+@dataclass
+class ModelGroup:
+    """One model clients can name: its replicas (all ridgeline workers, or all OpenAI-compatible servers)."""
+
+    name: str
+    quality: float
+    replicas: list[Replica]
+    tokenizer: object | None = None  # ridgeline workers: what the front encodes prompts with
+    max_model_len: int | None = None
+    chars_per_token: float = 4.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_http(self) -> bool:
+        return isinstance(self.replicas[0], HttpReplica)
+
+
+@dataclass
+class Forwarded:
+    """An OpenAI server's response on its way through: status and headers now, body as it arrives."""
+
+    status: int
+    content_type: str
+    body: AsyncIterator[bytes]
+    replica: str
+
+
+class Router:
+    def __init__(self, groups: list[ModelGroup], rates: dict[str, Rates], threshold: float = 0.05,
+                 expected_output_tokens: int = 128, health_interval_s: float = 1.0, policy: str = "cost"):
+        if policy not in ("cost", "round_robin"):
+            raise ValueError(f"unknown replica policy {policy!r} (cost or round_robin)")
+        for group in groups:
+            if len({isinstance(r, HttpReplica) for r in group.replicas}) != 1:
+                raise ValueError(f"model {group.name!r} mixes ridgeline workers and OpenAI servers")
+        self.groups = {g.name: g for g in groups}
+        self.replicas = {r.name: r for g in groups for r in g.replicas}
+        self.rates = rates
+        self.threshold = threshold
+        self.expected_output_tokens = expected_output_tokens
+        self.health_interval_s = health_interval_s
+        self.health = {name: Health() for name in self.replicas}
+        self.loads = LoadTracker()
+        self.index = PrefixIndex()
+        self.metrics = RouterMetrics()
+        self.round_robin = RoundRobin() if policy == "round_robin" else None
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle and health
+
+    async def start(self) -> None:
+        await self.probe_all()
+        self._task = asyncio.create_task(self._health_loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.gather(*(r.close() for r in self.replicas.values()), return_exceptions=True)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.probe_all()
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(name) for name in self.replicas))
+
+    async def probe(self, name: str) -> None:
+        replica, health = self.replicas[name], self.health[name]
+        try:
+            status = await replica.probe()
+        except ReplicaBusy as error:
+            health.busy(error.retry_after)
+        except (ReplicaError, Exception) as error:  # noqa: BLE001 - any failed probe takes the replica out
+            self._take_out(name, f"health check: {error}")
+        else:
+            if health.passed():
+                logger.info(json.dumps({"event": "replica_rejoined", "replica": name}))
+            if status is not None:
+                self.index.apply(name, status.cache_events)
+                self.loads.report(name, status.received, status.queued_prefill_tokens)
+                self.metrics.cached_blocks.labels(name).set(self.index.num_blocks(name))
+        self._update_gauges(name)
+
+    def _take_out(self, name: str, reason: str) -> None:
+        health = self.health[name]
+        if health.up:
+            logger.warning(json.dumps({"event": "replica_down", "replica": name, "reason": reason}))
+        health.failed(reason)
+        self.index.forget(name)  # a restarted worker starts cold
+        self.loads.forget_reports(name)
+
+    def _update_gauges(self, name: str) -> None:
+        load = self.loads.of(name)
+        self.metrics.replica_up.labels(name).set(1 if self.health[name].up else 0)
+        self.metrics.in_flight.labels(name).set(load.num_in_flight)
+        self.metrics.backlog.labels(name).set(load.prefill_backlog)
+
+    # ------------------------------------------------------------ decisions
+
+    def model_names(self) -> list[str]:
+        return list(self.groups)
+
+    def group(self, model: str) -> ModelGroup:
+        return self.groups[model]
+
+    def usable(self, model: str) -> list[str]:
+        now = time.monotonic()
+        return [r.name for r in self.groups[model].replicas if self.health[r.name].usable(now)]
+
+    def rank(self, model: str, prompt_tokens: int, output_tokens: int | None = None,
+             prompt_ids: list[int] | None = None) -> list[ReplicaChoice]:
+        """Usable replicas of `model`, best first, with the prompt blocks each holds and its predicted cost."""
+        group = self.groups[model]
+        block_sizes = {r.name: r.info.block_size for r in group.replicas
+                       if isinstance(r, WorkerReplica) and r.info is not None}
+        hashes = {}
+        if prompt_ids is not None:
+            hashes = {size: prompt_block_hashes(prompt_ids, size) for size in set(block_sizes.values())}
+        ranked = rank_replicas(self.usable(model), prompt_tokens, output_tokens or self.expected_output_tokens, hashes,
+                               block_sizes, self.index, self.loads, self.rates)
+        return self.round_robin.order(model, ranked) if self.round_robin else ranked
+
+    def candidates(self, prompt_tokens: int, output_tokens: int | None = None) -> list[TierCandidate]:
+        found = []
+        for name, group in self.groups.items():
+            ranked = self.rank(name, prompt_tokens, output_tokens)
+            if ranked:
+                found.append(TierCandidate(name, group.quality, ranked[0].cost.total_s, ranked[0].replica))
+        return found
+
+    def decide_auto(self, prompt_tokens: int, output_tokens: int | None = None, text: str | None = None) -> TierDecision:
+        """Which model serves an `auto` request; logged and counted. Raises NoReplicaAvailable if none can."""
+        started = time.perf_counter()
+        candidates = self.candidates(prompt_tokens, output_tokens)
+        if not candidates:
+            raise NoReplicaAvailable("no model has a usable replica")
+        decision = decide(candidates, difficulty(prompt_tokens, text), self.threshold)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        self.metrics.decisions.labels(decision.model, decision.kind).inc()
+        logger.info(json.dumps({"event": "auto", "prompt_tokens": prompt_tokens, **decision.as_log()}))
+        return decision
+
+    def calibrate(self, sample: list[tuple[int, str | None]], target_share: float,
+                  output_tokens: int | None = None) -> float:
+        """Set the threshold that sends target_share of the sample (prompt tokens, text) to the best model, at the
+        costs predicted now (calibrate idle, so load later shifts traffic to the cheaper tiers)."""
+        points = [(difficulty(tokens, text), self.candidates(tokens, output_tokens)) for tokens, text in sample]
+        self.threshold = calibrate([p for p in points if p[1]], target_share)
+        return self.threshold
+
+    # ------------------------------------------------------------ dispatch
+
+    def _dispatch(self, model: str, name: str, request_id: str, choice: ReplicaChoice, prompt_tokens: int) -> None:
+        self.loads.dispatched(name, request_id, max(0, prompt_tokens - choice.cached_tokens))
+        self.metrics.prompt_tokens.labels(name).inc(prompt_tokens)
+        self.metrics.affinity_tokens.labels(name).inc(choice.cached_tokens)
+        self._update_gauges(name)
+
+    def _finish(self, model: str, name: str, request_id: str, outcome: str) -> None:
+        self.loads.done(name, request_id)
+        self.metrics.requests.labels(model, name, outcome).inc()
+        self._update_gauges(name)
+
+    def _on_refused(self, model: str, name: str, error: ReplicaError) -> None:
+        if isinstance(error, ReplicaBusy):
+            self.health[name].busy(error.retry_after)
+        else:
+            self._take_out(name, str(error))
+        self.metrics.failovers.labels(model, name).inc()
+
+    async def generate(self, model: str, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """The request's outputs from the best replica of a ridgeline model, failing over while none has come."""
+        prompt_tokens = len(request.prompt_token_ids)
+        ranked = self.rank(model, prompt_tokens, request.params.max_tokens, request.prompt_token_ids)
+        refusals = []
+        for choice in ranked:
+            name = choice.replica
+            replica = self.replicas[name]
+            self._dispatch(model, name, request.request_id, choice, prompt_tokens)
+            started, outcome = False, "cancelled"
+            try:
+                async with contextlib.aclosing(replica.generate(request)) as outputs:
+                    async for output in outputs:
+                        if not started:
+                            started = True
+                            self.loads.first_token(name, request.request_id)
+                        if output.finished:
+                            outcome = "ok"
+                            if output.finish_reason != "abort":
+                                self.rates[name].observe_output(output)
+                        yield output
+                return
+            except ReplicaRejected:
+                outcome = "rejected"
+                raise
+            except ReplicaError as error:
+                if started:  # output already went out: the request fails, explicitly, and is not re-run
+                    outcome = "failed"
+                    self._take_out(name, str(error))
+                    raise
+                self._on_refused(model, name, error)
+                outcome = "failed_over"
+                refusals.append(f"{name}: {error}")
+            finally:
+                self._finish(model, name, request.request_id, outcome)
+        raise NoReplicaAvailable(f"no replica of {model!r} could take the request"
+                                 + (f" ({'; '.join(refusals)})" if refusals else " (none is up)"))
+
+    async def forward(self, model: str, path: str, body: dict, prompt_tokens: int, request_id: str) -> Forwarded:
+        """Send an OpenAI request body to the best replica of an OpenAI-server model, failing over while none has
+        answered. The body streams through; a connection cut part-way ends it with an error event."""
+        refusals = []
+        for choice in self.rank(model, prompt_tokens, body.get("max_tokens")):
+            name = choice.replica
+            replica: HttpReplica = self.replicas[name]
+            self._dispatch(model, name, request_id, choice, prompt_tokens)
+            try:
+                response = await replica.open(path, body)
+            except ReplicaError as error:
+                self._finish(model, name, request_id, "failed_over")
+                self._on_refused(model, name, error)
+                refusals.append(f"{name}: {error}")
+                continue
+            return Forwarded(response.status_code, response.headers.get("content-type", "application/json"),
+                             self._relay(model, name, replica, response, request_id), name)
+        raise NoReplicaAvailable(f"no replica of {model!r} could take the request"
+                                 + (f" ({'; '.join(refusals)})" if refusals else " (none is up)"))
+
+    async def _relay(self, model: str, name: str, replica: HttpReplica, response, request_id: str) -> AsyncIterator[bytes]:
+        outcome = "cancelled"
+        try:
+            first = True
+            async for chunk in replica.relay(response):
+                if first:
+                    first = False
+                    self.loads.first_token(name, request_id)
+                yield chunk
+            outcome = "ok" if response.status_code < 400 else "error"
+        except ReplicaFailed as error:
+            outcome = "failed"
+            self._take_out(name, str(error))
+            streaming = "text/event-stream" in response.headers.get("content-type", "")
+            message = json.dumps({"error": {"message": str(error), "type": "server_error", "param": None,
+                                            "code": ReplicaFailed.code}})
+            yield (f"data: {message}\n\ndata: [DONE]\n\n" if streaming else message).encode()
+        finally:
+            self._finish(model, name, request_id, outcome)
+

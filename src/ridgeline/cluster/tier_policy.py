@@ -1,0 +1,107 @@
+"""Tier routing for the virtual model `auto`: which model is worth its cost for this prompt.
+
+Each candidate model m (its best replica already chosen) has a predicted cost c_m in seconds (cost.py: queue +
+uncached prefill + expected decode, so a busy large model costs more) and a quality figure q_m from an
+evaluation (config). The prompt has a difficulty d in [0, 1] (longer prompts and ones asking for reasoning or
+code want the better model). The router picks the model maximising
+
+    d * q_m - threshold * c_m
+
+so one number, the threshold (quality given up per second saved), sets the trade: 0 sends everything to the best
+model, a large one everything to the cheapest. `calibrate` finds the threshold that sends a target share of a
+traffic sample to the best model.
+"""
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Prompt lengths (tokens) mapped to difficulty 0 and 1 on a log scale.
+SHORT_PROMPT, LONG_PROMPT = 8, 1024
+# Phrases that ask for more than recall; each adds to the difficulty.
+HARD_MARKERS = re.compile(r"```|\bdef |\bclass |\bprove\b|\bexplain\b|\bwhy\b|\bstep by step\b|\banaly[sz]e\b|"
+                          r"\bcompare\b|\bderive\b|\bcalculate\b|\bsolve\b|[=+*/^]\s*\d", re.IGNORECASE)
+MARKER_WEIGHT = 0.15
+LENGTH_WEIGHT = 0.7
+
+
+@dataclass(frozen=True)
+class TierCandidate:
+    model: str
+    quality: float
+    cost_s: float
+    replica: str | None = None
+
+
+@dataclass(frozen=True)
+class TierDecision:
+    model: str
+    replica: str | None
+    difficulty: float
+    threshold: float
+    scores: dict[str, float]
+    costs: dict[str, float]
+    kind: str  # "only_candidate", "quality_worth_cost" (took the best model) or "cost" (took a cheaper one)
+    reason: str
+
+    def as_log(self) -> dict:
+        return {"model": self.model, "replica": self.replica, "difficulty": round(self.difficulty, 3),
+                "threshold": self.threshold, "kind": self.kind, "reason": self.reason,
+                "costs_s": {m: round(c, 4) for m, c in self.costs.items()},
+                "scores": {m: round(s, 4) for m, s in self.scores.items()}}
+
+
+def difficulty(prompt_tokens: int, text: str | None = None) -> float:
+    span = math.log(LONG_PROMPT / SHORT_PROMPT)
+    length = min(1.0, max(0.0, math.log(max(prompt_tokens, 1) / SHORT_PROMPT) / span))
+    markers = len(HARD_MARKERS.findall(text[:4000])) if text else 0
+    return min(1.0, LENGTH_WEIGHT * length + MARKER_WEIGHT * min(markers, 2))
+
+
+def decide(candidates: Sequence[TierCandidate], hardness: float, threshold: float) -> TierDecision:
+    if not candidates:
+        raise ValueError("no candidate model")
+    scores = {c.model: hardness * c.quality - threshold * c.cost_s for c in candidates}
+    best = max(candidates, key=lambda c: (scores[c.model], c.quality))
+    top_quality = max(candidates, key=lambda c: c.quality)
+    cheapest = min(candidates, key=lambda c: c.cost_s)
+    if len(candidates) == 1:
+        kind, reason = "only_candidate", "only candidate"
+    elif best is top_quality:
+        kind = "quality_worth_cost"
+        reason = f"difficulty {hardness:.2f} worth {best.cost_s - cheapest.cost_s:.3f}s more than {cheapest.model}"
+    else:
+        kind = "cost"
+        reason = (f"difficulty {hardness:.2f} not worth {top_quality.cost_s - best.cost_s:.3f}s more for "
+                  f"{top_quality.model} at threshold {threshold:g}")
+    return TierDecision(best.model, best.replica, hardness, threshold, scores,
+                        {c.model: c.cost_s for c in candidates}, kind, reason)
+
+
+def large_share(sample: Sequence[tuple[float, Sequence[TierCandidate]]], threshold: float) -> float:
+    """Share of the sample (difficulty, candidates) sent to its best-quality model at `threshold`."""
+    hits = 0
+    for hardness, candidates in sample:
+        top = max(candidates, key=lambda c: c.quality).model
+        hits += decide(candidates, hardness, threshold).model == top
+    return hits / len(sample)
+
+
+def calibrate(sample: Sequence[tuple[float, Sequence[TierCandidate]]], target_share: float,
+              iterations: int = 60) -> float:
+    """The threshold whose share of large-model calls on `sample` is closest to target_share (the share only
+    falls as the threshold rises, so bisect on its logarithm)."""
+    if not sample:
+        raise ValueError("calibration needs a non-empty traffic sample")
+    if not 0.0 <= target_share <= 1.0:
+        raise ValueError(f"target share must lie in [0, 1], got {target_share}")
+    low, high = -12.0, 12.0  # log10 of the threshold
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        if large_share(sample, 10**middle) > target_share:
+            low = middle
+        else:
+            high = middle
+    candidates = (10**low, 10**high)
+    return min(candidates, key=lambda t: abs(large_share(sample, t) - target_share))

@@ -1,0 +1,218 @@
+"""The router's OpenAI endpoint: every model of the router (cluster/router.py) plus the virtual model `auto`.
+
+A request naming a ridgeline model is served by the same completions and chat code as a one-model server; only
+the engine underneath is the router's choice of replica (RoutedEngine). A request naming an OpenAI-server model
+goes through as sent. `auto` first asks the router which model is worth its cost for the prompt.
+"""
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from ridgeline.cluster.build import estimate_tokens
+from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaError
+from ridgeline.cluster.messages import GenerateRequest
+from ridgeline.cluster.router import Router
+from ridgeline.server.async_engine import EngineRequest
+from ridgeline.server.chat import create_chat_completion
+from ridgeline.server.completions import create_completion
+from ridgeline.server.errors import APIError, error_response, install_error_handlers, validation_message
+from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from ridgeline.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from ridgeline.server.serving import ServingContext, new_request_id
+
+AUTO = "auto"
+logger = logging.getLogger("ridgeline.router")
+
+
+def api_error(error: ReplicaError) -> APIError:
+    headers = {"Retry-After": f"{max(1, round(error.retry_after or 1))}"} if error.status in (429, 503) else None
+    return APIError(error.status, str(error), code=error.code, headers=headers)
+
+
+class RoutedSubmission:
+    """The engine requests of one HTTP request, each streamed from the replica the router picked for it; the
+    same interface as server/async_engine.py's Submission, so the completions and chat code need no change."""
+
+    def __init__(self, router: Router, model: str, requests: list[EngineRequest]):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._unfinished = {r.request_id for r in requests}
+        self._tasks = [asyncio.create_task(self._pump(router, model, index, r)) for index, r in enumerate(requests)]
+
+    async def _pump(self, router: Router, model: str, index: int, request: EngineRequest) -> None:
+        try:
+            async for output in router.generate(model, GenerateRequest(request.request_id, request.prompt, request.params)):
+                self.queue.put_nowait((index, output))
+        except ReplicaError as error:
+            self.queue.put_nowait(api_error(error))
+
+    async def outputs(self):
+        while self._unfinished:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            index, output = item
+            if output.finished:
+                self._unfinished.discard(output.request_id)
+            yield index, output
+
+    def close(self) -> None:
+        """Client gone, error or done: cancelling a pump aborts its request on the replica."""
+        for task in self._tasks:
+            task.cancel()
+        self._unfinished.clear()
+
+
+class RoutedEngine:
+    def __init__(self, router: Router, model: str):
+        self.router = router
+        self.model = model
+
+    def submit(self, requests: list[EngineRequest]) -> RoutedSubmission:
+        if not self.router.usable(self.model):
+            raise APIError(503, f"no replica of {self.model!r} is up; retry later", code="no_backend_available",
+                           headers={"Retry-After": "1"})
+        return RoutedSubmission(self.router, self.model, requests)
+
+
+def _prompt_text(body: dict) -> str:
+    if isinstance(body.get("messages"), list):
+        parts = []
+        for message in body["messages"]:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(content if isinstance(content, str) else "")
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
+
+
+def _prompt_tokens(body: dict, chars_per_token: float = 4.0) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    return estimate_tokens(_prompt_text(body), chars_per_token)
+
+
+def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key: str | None = None,
+                      max_body_bytes: int = 4 * 1024 * 1024, log_prompts: bool = False) -> FastAPI:
+    """`router`: a started Router (the caller closes it), or an async factory the app calls at startup (the app
+    then closes what it built at shutdown), so the replicas and health loop live on the server's event loop."""
+    contexts: dict[str, ServingContext] = {}
+
+    def adopt(built: Router) -> None:
+        nonlocal router
+        router = built
+        app.state.router = built
+        contexts.update({
+            name: ServingContext(engine=RoutedEngine(built, name), tokenizer=group.tokenizer, model_name=name,
+                                 max_model_len=group.max_model_len, log_prompts=log_prompts)
+            for name, group in built.groups.items() if not group.is_http
+        })
+
+    factory = router if not isinstance(router, Router) else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if factory is not None:
+            adopt(await factory())
+        yield
+        if factory is not None:
+            await router.close()
+
+    app = FastAPI(title="ridgeline router", lifespan=lifespan)
+    if factory is None:
+        adopt(router)
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+
+    def respond(result) -> Response:
+        if isinstance(result, Response):
+            return result
+        if result is None:
+            return Response(status_code=204)
+        return JSONResponse(result.model_dump(mode="json"))
+
+    async def route(raw: Request, path: str, request_class: type[BaseModel], handler) -> Response:
+        try:
+            body = json.loads(await raw.body())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise APIError(400, "request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "request body must be a JSON object")
+        model = body.get("model") or AUTO
+        started = time.perf_counter()
+        try:
+            if model == AUTO:
+                max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+                decision = router.decide_auto(_prompt_tokens(body), max_tokens if isinstance(max_tokens, int) else None,
+                                              _prompt_text(body))
+                model = decision.model
+            if model not in router.groups:
+                raise APIError(404, f"model {model!r} does not exist; this router serves "
+                                    f"{', '.join([AUTO, *router.groups])}", "model", "model_not_found")
+            group = router.group(model)
+            if group.is_http:
+                forwarded = await router.forward(model, path, body, _prompt_tokens(body, group.chars_per_token),
+                                                 new_request_id("route"))
+                return StreamingResponse(forwarded.body, status_code=forwarded.status, media_type=forwarded.content_type)
+            try:
+                request = request_class.model_validate({**body, "model": model})
+            except ValidationError as error:
+                message, param = validation_message(list(error.errors()))
+                return error_response(400, message, param)
+            return respond(await handler(contexts[model], request, raw))
+        except ReplicaError as error:
+            raise api_error(error) from None
+        finally:
+            logger.debug("routed to %s in %.3f ms", model, (time.perf_counter() - started) * 1e3)
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request) -> Response:
+        return await route(raw, "/v1/completions", CompletionRequest, create_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request) -> Response:
+        return await route(raw, "/v1/chat/completions", ChatCompletionRequest, create_chat_completion)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        cards = [ModelCard(id=name, max_model_len=g.max_model_len or 0, owned_by="ridgeline" if not g.is_http else "remote")
+                 for name, g in router.groups.items()]
+        longest = max(c.max_model_len for c in cards)
+        return respond(ModelList(data=[ModelCard(id=AUTO, max_model_len=longest, owned_by="ridgeline-router"), *cards]))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if any(router.usable(name) for name in router.groups):
+            return Response(status_code=200)
+        return error_response(503, "no backend is up", code=NoReplicaAvailable.code, headers={"Retry-After": "1"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(router.metrics.render(), media_type=router.metrics.content_type)
+
+    @app.get("/router/replicas")
+    async def replicas() -> Response:
+        """Each replica's health, counted load and rates: what the router bases its choices on."""
+        rows = []
+        for name, replica in router.replicas.items():
+            load, rates, health = router.loads.of(name), router.rates[name], router.health[name]
+            rows.append({"replica": name, "model": replica.model, "kind": replica.kind, "state": health.state,
+                         "last_error": health.last_error, "in_flight": load.num_in_flight,
+                         "prefill_backlog_tokens": load.prefill_backlog, "cached_blocks": router.index.num_blocks(name),
+                         "prefill_tokens_per_s": round(rates.prefill_tokens_per_s, 1),
+                         "decode_tokens_per_s": round(rates.decode_tokens_per_s, 2), "rates_from": rates.source})
+        return JSONResponse({"threshold": router.threshold, "replicas": rows})
+
+    return app

@@ -1,0 +1,112 @@
+"""The router's decisions without engines: tier choice and its calibration, load counted at dispatch and
+corrected by reports, the prefix index, health and the config file."""
+
+import numpy as np
+import pytest
+
+from ridgeline.cluster.affinity import PrefixIndex, prompt_block_hashes
+from ridgeline.cluster.config import load_config, parse_config
+from ridgeline.cluster.health import Health
+from ridgeline.cluster.load import LoadTracker
+from ridgeline.cluster.messages import CacheEvents
+from ridgeline.cluster.tier_policy import TierCandidate, calibrate, decide, difficulty, large_share
+from ridgeline.engine.block_manager import BlockManager
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.sequence import Sequence
+from ridgeline.errors import RidgelineError
+
+
+def tiers(prompt_tokens: int, small_rate=4000.0, large_rate=800.0, queue_large=0.0):
+    return [TierCandidate("small", 0.4, prompt_tokens / small_rate + 64 / 150),
+            TierCandidate("large", 0.7, queue_large + prompt_tokens / large_rate + 64 / 40)]
+
+
+def test_long_and_hard_prompts_go_to_the_large_model_short_ones_to_the_small():
+    assert decide(tiers(6), difficulty(6, "hi there"), 0.05).model == "small"
+    hard = "Explain step by step why the proof works, then derive the bound. " * 20
+    assert decide(tiers(900), difficulty(900, hard), 0.05).model == "large"
+    assert difficulty(900, hard) > difficulty(900, "a" * 10) > difficulty(6, "hi")
+
+
+def test_a_busy_large_model_sends_more_to_the_small_one():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(4, 1500, 400)
+    idle = [(difficulty(int(n)), tiers(int(n))) for n in lengths]
+    busy = [(difficulty(int(n)), tiers(int(n), queue_large=3.0)) for n in lengths]
+    threshold = calibrate(idle, 0.5)
+    assert large_share(busy, threshold) < large_share(idle, threshold)
+
+
+@pytest.mark.parametrize("target", [0.1, 0.3, 0.7])
+def test_calibration_hits_the_target_share_of_large_model_calls(target):
+    rng = np.random.default_rng(1)
+    sample = [(difficulty(int(n)), tiers(int(n))) for n in rng.lognormal(4.5, 1.2, 500).astype(int) + 1]
+    threshold = calibrate(sample, target)
+    assert abs(large_share(sample, threshold) - target) <= 0.03
+    held_out = [(difficulty(int(n)), tiers(int(n))) for n in rng.lognormal(4.5, 1.2, 500).astype(int) + 1]
+    assert abs(large_share(held_out, threshold) - target) <= 0.08
+
+
+def test_decision_says_why():
+    decision = decide(tiers(20), difficulty(20), 1.0)
+    assert decision.model == "small" and decision.kind == "cost" and "large" in decision.reason
+    assert set(decision.as_log()["costs_s"]) == {"small", "large"}
+
+
+def test_load_is_counted_at_dispatch_and_corrected_by_reports():
+    loads = LoadTracker()
+    for i, tokens in enumerate([100, 200, 300]):
+        loads.dispatched("r", f"q{i}", tokens)
+    assert loads.of("r").prefill_backlog == 600 and loads.of("r").num_in_flight == 3
+    loads.report("r", received=2, queued_prefill_tokens=40)  # the first two were mostly cached
+    assert loads.of("r").prefill_backlog == 40 + 300  # the third was sent after the report was taken
+    loads.first_token("r", "q2")
+    assert loads.of("r").prefill_backlog == 40 and loads.of("r").num_decoding == 1
+    for i in range(3):
+        loads.done("r", f"q{i}")
+    assert loads.of("r").num_in_flight == 0
+
+
+def test_prompt_hashes_are_the_engine_block_hashes():
+    tokens = list(range(3, 3 + 50))
+    manager = BlockManager(16, block_size=8)
+    seq = Sequence("s", tokens, SamplingParams(), 0.0)
+    engine_hashes = manager._block_hashes(seq, len(tokens) // 8)
+    ours = prompt_block_hashes(tokens, 8)
+    assert ours == engine_hashes[: (len(tokens) - 1) // 8]
+
+
+def test_prefix_index_matches_the_leading_chain_only():
+    chain = prompt_block_hashes(list(range(3, 70)), 16)
+    index = PrefixIndex()
+    index.apply("r", CacheEvents(stored=chain[:3]))
+    assert index.cached_blocks("r", chain) == 3
+    index.apply("r", CacheEvents(removed=[chain[1]]))
+    assert index.cached_blocks("r", chain) == 1  # a gap ends the usable prefix
+    index.apply("r", CacheEvents(stored=[chain[0]], cleared=True))
+    assert index.num_blocks("r") == 1
+    index.forget("r")
+    assert index.cached_blocks("r", chain) == 0
+
+
+def test_busy_replica_is_skipped_until_retry_after():
+    health = Health()
+    health.busy(2.0, now=100.0)
+    assert not health.usable(101.0) and health.usable(102.5) and health.up
+
+
+def test_config_reads_backends_and_refuses_mistakes(tmp_path):
+    path = tmp_path / "router.toml"
+    path.write_text('[router]\nthreshold = 0.1\n[[backend]]\nmodel = "a"\npath = "a.gguf"\nreplicas = 2\n'
+                    '[[backend]]\nmodel = "b"\nkind = "openai"\nurl = "http://127.0.0.1:9"\n')
+    config = load_config(path)
+    assert config.router.threshold == 0.1 and list(config.models()) == ["a", "b"]
+    assert config.resolve("a.gguf") == str(tmp_path / "a.gguf")
+    with pytest.raises(RidgelineError, match="unknown key"):
+        parse_config({"backend": [{"model": "a", "replica": 2}]})
+    with pytest.raises(RidgelineError, match="needs a url"):
+        parse_config({"backend": [{"model": "a", "kind": "openai"}]})
+    with pytest.raises(RidgelineError, match="'auto'"):
+        parse_config({"backend": [{"model": "auto"}]})
+    with pytest.raises(RidgelineError, match="no \\[\\[backend\\]\\]"):
+        parse_config({"router": {}})
