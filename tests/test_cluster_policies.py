@@ -110,3 +110,12 @@ def test_config_reads_backends_and_refuses_mistakes(tmp_path):
         parse_config({"backend": [{"model": "auto"}]})
     with pytest.raises(RidgelineError, match="no \\[\\[backend\\]\\]"):
         parse_config({"router": {}})
+
+
+def test_match_finds_each_replicas_cached_prefix_in_tokens():
+    tokens = list(range(3, 3 + 100))
+    chain = prompt_block_hashes(tokens, 16)
+    index = PrefixIndex()
+    index.apply("a", CacheEvents(stored=chain[:4]))
+    index.apply("b", CacheEvents(stored=chain[:1] + chain[2:]))
+    assert index.match(["a", "b", "c"], tokens, 16) == {"a": 64, "b": 16, "c": 0}

@@ -16,7 +16,7 @@ def sent(router, model: str) -> list[int]:
 
 
 def random_prompt(rng, length: int) -> list[int]:
-    return rng.integers(3, 390, length).tolist()
+    return rng.integers(3, 320, length).tolist()
 
 
 async def closed(router):

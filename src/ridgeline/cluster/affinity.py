@@ -16,8 +16,8 @@ def prompt_block_hashes(token_ids: list[int], block_size: int) -> list[bytes]:
     engine always computes the last token, to have logits to sample from)."""
     hashes: list[bytes] = []
     parent = ROOT_HASH
-    for i in range((len(token_ids) - 1) // block_size):
-        parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
+    for block in range((len(token_ids) - 1) // block_size):
+        parent = hash_block_tokens(parent, token_ids[block * block_size : (block + 1) * block_size])
         hashes.append(parent)
     return hashes
 
@@ -48,6 +48,21 @@ class PrefixIndex:
             if block_hash not in held:
                 return count
         return len(hashes)
+
+    def match(self, replicas: list[str], token_ids: list[int], block_size: int) -> dict[str, int]:
+        """Cached prompt tokens per replica. Hashes the prompt block by block only while some replica still holds
+        the chain, so a long prompt nobody has cached costs one hash, not one per block (the router's hot path)."""
+        matched = dict.fromkeys(replicas, 0)
+        alive = [name for name in replicas if self._held.get(name)]
+        parent = ROOT_HASH
+        for block in range((len(token_ids) - 1) // block_size):
+            if not alive:
+                break
+            parent = hash_block_tokens(parent, token_ids[block * block_size : (block + 1) * block_size])
+            alive = [name for name in alive if parent in self._held[name]]
+            for name in alive:
+                matched[name] = (block + 1) * block_size
+        return matched
 
     def num_blocks(self, replica: str) -> int:
         return len(self._held.get(replica, ()))

@@ -23,22 +23,23 @@ class ReplicaLoad:
     reported_backlog: int | None = None  # tokens, as of the worker's last report (None: never reported)
     reported_received: int = 0
     in_flight: dict[str, _Dispatch] = field(default_factory=dict)
+    # Running totals over in_flight, kept as requests come and go (the router reads them for every decision).
+    num_decoding: int = 0
+    counted_prefill_tokens: int = 0  # expected tokens of requests not yet past their first token
 
     @property
     def num_in_flight(self) -> int:
         return len(self.in_flight)
 
     @property
-    def num_decoding(self) -> int:
-        return sum(1 for d in self.in_flight.values() if d.prefilled)
-
-    @property
     def prefill_backlog(self) -> int:
         """Prompt tokens waiting to be prefilled on this replica, as best the router knows now."""
-        counted = [d for d in self.in_flight.values() if not d.prefilled]
         if self.reported_backlog is None:
-            return sum(d.prefill_tokens for d in counted)
-        unseen = sum(d.prefill_tokens for d in counted if d.ordinal > self.reported_received)
+            return self.counted_prefill_tokens
+        unseen = 0
+        if self.sent > self.reported_received:  # only requests sent after the report add to it
+            unseen = sum(d.prefill_tokens for d in self.in_flight.values()
+                         if not d.prefilled and d.ordinal > self.reported_received)
         return self.reported_backlog + unseen
 
 
@@ -53,15 +54,25 @@ class LoadTracker:
         load = self.of(replica)
         load.sent += 1
         load.in_flight[request_id] = _Dispatch(load.sent, prefill_tokens)
+        load.counted_prefill_tokens += prefill_tokens
 
     def first_token(self, replica: str, request_id: str) -> None:
-        dispatch = self.of(replica).in_flight.get(request_id)
-        if dispatch is not None:
+        load = self.of(replica)
+        dispatch = load.in_flight.get(request_id)
+        if dispatch is not None and not dispatch.prefilled:
             dispatch.prefilled = True
+            load.num_decoding += 1
+            load.counted_prefill_tokens -= dispatch.prefill_tokens
 
     def done(self, replica: str, request_id: str) -> None:
         """Finished, failed or cancelled: the request no longer loads the replica."""
-        self.of(replica).in_flight.pop(request_id, None)
+        load = self.of(replica)
+        dispatch = load.in_flight.pop(request_id, None)
+        if dispatch is not None:
+            if dispatch.prefilled:
+                load.num_decoding -= 1
+            else:
+                load.counted_prefill_tokens -= dispatch.prefill_tokens
 
     def report(self, replica: str, received: int, queued_prefill_tokens: int) -> None:
         load = self.of(replica)

@@ -22,16 +22,12 @@ class ReplicaChoice:
     cost: Cost
 
 
-def rank_replicas(replicas: list[str], prompt_tokens: int, output_tokens: int, prompt_hashes: dict[int, list[bytes]],
-                  block_sizes: dict[str, int], index: PrefixIndex, loads: LoadTracker, rates: dict[str, Rates],
-                  ) -> list[ReplicaChoice]:
-    """Usable replicas, best first. prompt_hashes: the prompt's chain hashes per block size (empty if unknown)."""
+def rank_replicas(replicas: list[str], prompt_tokens: int, output_tokens: int, cached_tokens: dict[str, int],
+                  index: PrefixIndex, loads: LoadTracker, rates: dict[str, Rates]) -> list[ReplicaChoice]:
+    """Usable replicas, best first. cached_tokens: the prompt tokens each replica holds (PrefixIndex.match)."""
     choices = []
     for name in replicas:
-        block_size = block_sizes.get(name)
-        cached = 0
-        if block_size is not None and block_size in prompt_hashes:
-            cached = index.cached_blocks(name, prompt_hashes[block_size]) * block_size
+        cached = cached_tokens.get(name, 0)
         load = loads.of(name)
         cost = predict(rates[name], load, prompt_tokens, cached, output_tokens)
         choices.append((ReplicaChoice(name, cached, cost),

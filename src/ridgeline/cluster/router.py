@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ridgeline.cluster.affinity import PrefixIndex, prompt_block_hashes
+from ridgeline.cluster.affinity import PrefixIndex
 from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaBusy, ReplicaError, ReplicaFailed, ReplicaRejected
 from ridgeline.cluster.health import Health
 from ridgeline.cluster.http_replica import HttpReplica
@@ -68,7 +68,13 @@ class Router:
                 raise ValueError(f"model {group.name!r} mixes ridgeline workers and OpenAI servers")
         self.groups = {g.name: g for g in groups}
         self.replicas = {r.name: r for g in groups for r in g.replicas}
-        self.rates = rates
+        # Replicas of one model and kind share one estimate, pooled from all their requests: per-replica estimates
+        # let one slow measurement brand a replica slow, and a replica the router then avoids is never re-measured.
+        self.rates = {}
+        for group in groups:
+            pooled: dict[str, Rates] = {}
+            for replica in group.replicas:
+                self.rates[replica.name] = pooled.setdefault(replica.kind, rates[replica.name])
         self.threshold = threshold
         self.expected_output_tokens = expected_output_tokens
         self.health_interval_s = health_interval_s
@@ -146,14 +152,18 @@ class Router:
     def rank(self, model: str, prompt_tokens: int, output_tokens: int | None = None,
              prompt_ids: list[int] | None = None) -> list[ReplicaChoice]:
         """Usable replicas of `model`, best first, with the prompt blocks each holds and its predicted cost."""
-        group = self.groups[model]
-        block_sizes = {r.name: r.info.block_size for r in group.replicas
-                       if isinstance(r, WorkerReplica) and r.info is not None}
-        hashes = {}
+        usable = self.usable(model)
+        cached: dict[str, int] = {}
         if prompt_ids is not None:
-            hashes = {size: prompt_block_hashes(prompt_ids, size) for size in set(block_sizes.values())}
-        ranked = rank_replicas(self.usable(model), prompt_tokens, output_tokens or self.expected_output_tokens, hashes,
-                               block_sizes, self.index, self.loads, self.rates)
+            by_size: dict[int, list[str]] = {}
+            for name in usable:
+                replica = self.replicas[name]
+                if isinstance(replica, WorkerReplica) and replica.info is not None:
+                    by_size.setdefault(replica.info.block_size, []).append(name)
+            for size, names in by_size.items():
+                cached.update(self.index.match(names, prompt_ids, size))
+        ranked = rank_replicas(usable, prompt_tokens, output_tokens or self.expected_output_tokens, cached,
+                               self.index, self.loads, self.rates)
         return self.round_robin.order(model, ranked) if self.round_robin else ranked
 
     def candidates(self, prompt_tokens: int, output_tokens: int | None = None) -> list[TierCandidate]:
@@ -173,7 +183,8 @@ class Router:
         decision = decide(candidates, difficulty(prompt_tokens, text), self.threshold)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.metrics.decisions.labels(decision.model, decision.kind).inc()
-        logger.info(json.dumps({"event": "auto", "prompt_tokens": prompt_tokens, **decision.as_log()}))
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(json.dumps({"event": "auto", "prompt_tokens": prompt_tokens, **decision.as_log()}))
         return decision
 
     def calibrate(self, sample: list[tuple[int, str | None]], target_share: float,
@@ -196,6 +207,9 @@ class Router:
         self.loads.done(name, request_id)
         self.metrics.requests.labels(model, name, outcome).inc()
         self._update_gauges(name)
+
+    def _observe(self, model: str, name: str, output: RequestOutput) -> None:
+        self.rates[name].observe_output(output)
 
     def _on_refused(self, model: str, name: str, error: ReplicaError) -> None:
         if isinstance(error, ReplicaBusy):
@@ -223,7 +237,7 @@ class Router:
                         if output.finished:
                             outcome = "ok"
                             if output.finish_reason != "abort":
-                                self.rates[name].observe_output(output)
+                                self._observe(model, name, output)
                         yield output
                 return
             except ReplicaRejected:

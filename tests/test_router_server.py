@@ -1,0 +1,128 @@
+"""The router's OpenAI endpoint over two tiny in-process models and one OpenAI-compatible server (a tiny ridgeline
+server over HTTP), through the `openai` client: model list, named models, `auto`, 429/503 and dead backends."""
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from cluster_helpers import TEST_RATES, local_group
+from ridgeline.cluster.http_replica import HttpReplica
+from ridgeline.cluster.rates import Rates
+from ridgeline.cluster.router import ModelGroup, Router
+from ridgeline.server.launcher import BackgroundServer
+from ridgeline.server.router_app import create_router_app
+from server_helpers import serve_tiny_model
+
+
+def busy_app() -> FastAPI:
+    """A backend that is up but refuses work: 503 with Retry-After."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({})
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        return JSONResponse({"error": {"message": "busy"}}, status_code=503, headers={"Retry-After": "30"})
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with serve_tiny_model() as remote, BackgroundServer(busy_app()) as busy:
+        holder = {}
+
+        async def build() -> Router:
+            small = local_group("small", replicas=2, quality=0.3)
+            large = local_group("large", replicas=1, quality=0.8)
+            # Listed busy first, and a dead address second: requests must get past both to the live server.
+            remote_group = ModelGroup("remote", 0.5, [HttpReplica(f"remote/{i}", "remote", url, served_name="tiny-llama")
+                                                      for i, url in enumerate([busy.url, "http://127.0.0.1:9", remote.url])])
+            groups = [small, large, remote_group]
+            rates = {r.name: Rates(*TEST_RATES, "configured") for g in groups for r in g.replicas}
+            rates["large/0"] = Rates(TEST_RATES[0] / 5, TEST_RATES[1] / 5, "configured")  # five times slower
+            router = Router(groups, rates, threshold=0.05, health_interval_s=3600)
+            await router.start()
+            holder["router"] = router
+            return router
+
+        with BackgroundServer(create_router_app(build)) as server:
+            yield server, holder["router"]
+
+
+def test_models_lists_every_model_and_auto(stack):
+    server, _ = stack
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    assert [m.id for m in client.models.list().data] == ["auto", "small", "large", "remote"]
+
+
+def test_a_named_model_is_served_by_it(stack):
+    server, router = stack
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    before = router.loads.of("large/0").sent
+    reply = client.chat.completions.create(model="large", messages=[{"role": "user", "content": "the quick fox"}],
+                                           max_tokens=5, temperature=0)
+    assert reply.model == "large" and reply.usage.completion_tokens == 5
+    assert router.loads.of("large/0").sent == before + 1
+    chunks = list(client.completions.create(model="small", prompt="decode is", max_tokens=4, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def test_auto_routes_short_prompts_small_and_long_hard_ones_large_and_counts_why(stack):
+    server, _ = stack
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    short = client.completions.create(model="auto", prompt="hi", max_tokens=3)
+    hard = "Explain step by step why the cache must be invalidated, and derive the bound. " * 6
+    long = client.completions.create(model="auto", prompt=hard, max_tokens=3)
+    assert short.model == "small" and long.model == "large"
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'ridgeline_router_auto_decisions_total{kind="cost",model="small"}' in metrics
+    assert 'ridgeline_router_auto_decisions_total{kind="quality_worth_cost",model="large"}' in metrics
+    assert "ridgeline_router_decision_seconds_count" in metrics
+
+
+def test_openai_backend_past_a_busy_and_a_dead_replica(stack):
+    server, router = stack
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    reply = client.chat.completions.create(model="remote", messages=[{"role": "user", "content": "the fox"}],
+                                           max_tokens=4)
+    assert reply.choices[0].message.content is not None and reply.usage.completion_tokens == 4
+    assert router.health["remote/0"].up and not router.health["remote/0"].usable()  # busy: Retry-After honoured
+    assert not router.health["remote/1"].up  # dead: taken out
+    def failovers() -> list[float]:
+        return [router.metrics.failovers.labels("remote", f"remote/{i}")._value.get() for i in range(2)]
+
+    assert failovers() == [1.0, 1.0]
+    client.chat.completions.create(model="remote", messages=[{"role": "user", "content": "again"}], max_tokens=2)
+    assert failovers() == [1.0, 1.0]  # neither is tried again meanwhile
+    stream = client.chat.completions.create(model="remote", messages=[{"role": "user", "content": "fox"}],
+                                            max_tokens=3, stream=True)
+    assert sum(1 for _ in stream) >= 3
+
+
+def test_unknown_model_and_bad_body_are_clear_4xx(stack):
+    server, _ = stack
+    response = httpx.post(server.url + "/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert response.status_code == 404 and "auto" in response.json()["error"]["message"]
+    response = httpx.post(server.url + "/v1/completions", content=b"{not json")
+    assert response.status_code == 400
+    response = httpx.post(server.url + "/v1/completions", json={"model": "small", "prompt": "x", "max_tokens": -1})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+
+
+def test_no_replica_up_is_a_503_with_retry_after(stack):
+    server, router = stack
+    for replica in router.groups["large"].replicas:
+        router.health[replica.name].failed("test")
+    try:
+        response = httpx.post(server.url + "/v1/completions", json={"model": "large", "prompt": "x", "max_tokens": 2})
+        assert response.status_code == 503 and response.headers["retry-after"]
+    finally:
+        for replica in router.groups["large"].replicas:
+            router.health[replica.name].passed()
