@@ -1,0 +1,211 @@
+"""Two replicas of the default model behind the router, on this machine, in one run:
+
+1. Prefix affinity: 8 shared system prompts x many user turns (4 in flight at a time), each replica's KV cache
+   holding about 5 of the 8 prompts. Prefilled tokens and mean TTFT under the router's policy (cost: affinity +
+   counted load) against round-robin. Target: >= 2x fewer prefilled tokens.
+2. Uniform traffic (no shared prefixes): requests per replica; target: no replica above 1.3x another.
+3. The router's own TTFT overhead: the same engine served by the one-model server, by the router app (engine
+   in process), and the one-model server proxied through the router (OpenAI backend), sequential requests.
+4. Failover under load: one replica killed with requests in flight; how they ended and where new ones went.
+
+    python benchmarks/router_replicas.py [--requests 96] [--json out.json]
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from ridgeline.cli.engine_options import engine_config
+from ridgeline.cluster.errors import ReplicaFailed
+from ridgeline.cluster.http_replica import HttpReplica
+from ridgeline.cluster.local_replica import LocalReplica
+from ridgeline.cluster.messages import GenerateRequest
+from ridgeline.cluster.rates import Rates
+from ridgeline.cluster.router import ModelGroup, Router
+from ridgeline.engine.llm_engine import LLMEngine
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.server.app import ServerConfig, create_app
+from ridgeline.server.launcher import BackgroundServer
+from ridgeline.server.router_app import create_router_app
+
+WORDS = ("cache prefill decode token router replica memory bandwidth compute kernel batch queue latency model "
+         "layer window page block hash").split()
+
+
+def text(rng, words: int) -> str:
+    return " ".join(rng.choice(WORDS, words))
+
+
+def make_engine(kv: str) -> LLMEngine:
+    return LLMEngine(engine_config(None, threads=1, kv_cache_memory=kv, max_num_seqs=16, max_num_batched_tokens=256))
+
+
+async def run_workload(router: Router, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
+    semaphore = asyncio.Semaphore(concurrency)
+    prefilled, ttfts = [], []
+
+    async def one(i: int, prompt: list[int]) -> None:
+        async with semaphore:
+            started = time.perf_counter()
+            first = None
+            request = GenerateRequest(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+            async for output in router.generate("gemma", request):
+                if first is None:
+                    first = time.perf_counter() - started
+                last = output
+            prefilled.append(len(prompt) - last.num_cached_tokens)
+            ttfts.append(first)
+
+    async def reports() -> None:
+        while True:
+            await router.probe_all()
+            await asyncio.sleep(0.05)
+
+    reporter = asyncio.create_task(reports())
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    reporter.cancel()
+    sent = {name: router.loads.of(name).sent for name in router.replicas}
+    return {"prefilled_tokens": sum(prefilled), "prompt_tokens": sum(map(len, prompts)),
+            "mean_ttft_ms": round(1e3 * statistics.mean(ttfts), 1), "requests_per_replica": sent}
+
+
+def router_over(replicas: list, policy: str) -> Router:
+    group = ModelGroup("gemma", 0.5, replicas, tokenizer=getattr(replicas[0], "tokenizer", None),
+                       max_model_len=getattr(getattr(replicas[0], "info", None), "max_model_len", None))
+    return Router([group], {r.name: Rates(1500.0, 60.0, "configured") for r in replicas}, policy=policy,
+                  health_interval_s=3600)
+
+
+async def affinity_and_uniform(engines: list[LLMEngine], requests: int) -> dict:
+    tokenizer = engines[0].tokenizer
+    rng = np.random.default_rng(0)
+    systems = [tokenizer.encode(f"System prompt {k}. " + text(rng, 260)) for k in range(8)]
+    shared = [systems[int(rng.integers(8))] + tokenizer.encode(" User: " + text(rng, 12), add_bos=False)
+              for _ in range(requests)]
+    uniform = [tokenizer.encode(text(rng, int(rng.integers(20, 200)))) for _ in range(requests)]
+    results = {}
+    for policy in ("cost", "round_robin"):
+        for engine in engines:
+            engine.scheduler.block_manager.reset_prefix_cache()
+        replicas = [LocalReplica(f"gemma/{i}", "gemma", lambda e=e: e) for i, e in enumerate(engines)]
+        router = router_over(replicas, policy)
+        results[f"shared_prefix_{policy}"] = await run_workload(router, shared, 4, 8)
+        for replica in replicas:
+            replica.worker.stop()
+    replicas = [LocalReplica(f"gemma/{i}", "gemma", lambda e=e: e) for i, e in enumerate(engines)]
+    router = router_over(replicas, "cost")
+    results["uniform_cost"] = await run_workload(router, uniform, 8, 8)
+    for replica in replicas:
+        replica.worker.stop()
+    counts = list(results["uniform_cost"]["requests_per_replica"].values())
+    results["uniform_max_over_min"] = round(max(counts) / max(1, min(counts)), 3)
+    results["prefilled_ratio_round_robin_over_cost"] = round(
+        results["shared_prefix_round_robin"]["prefilled_tokens"] / results["shared_prefix_cost"]["prefilled_tokens"], 2)
+    return results
+
+
+def ttft_series(url: str, model: str, n: int) -> list[float]:
+    times = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for i in range(n):
+            body = {"model": model, "prompt": f"Request {i}: the KV cache grows because", "max_tokens": 1,
+                    "stream": True, "temperature": 0}
+            started = time.perf_counter()
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        times.append(time.perf_counter() - started)
+                        break
+    return times
+
+
+def ttft_overhead(engine: LLMEngine, n: int) -> dict:
+    out = {}
+    with BackgroundServer(create_app(engine, ServerConfig())) as direct:
+        ttft_series(direct.url, engine.model_name, 3)
+        out["direct_ms"] = 1e3 * statistics.median(ttft_series(direct.url, engine.model_name, n))
+
+        async def proxied() -> Router:
+            router = router_over([HttpReplica("gemma/http", "gemma", direct.url, engine.model_name)], "cost")
+            await router.start()
+            return router
+
+        with BackgroundServer(create_router_app(proxied)) as front:
+            ttft_series(front.url, "gemma", 3)
+            out["via_router_http_backend_ms"] = 1e3 * statistics.median(ttft_series(front.url, "gemma", n))
+
+    async def in_process() -> Router:
+        router = router_over([LocalReplica("gemma/0", "gemma", lambda: engine)], "cost")
+        await router.start()
+        return router
+
+    with BackgroundServer(create_router_app(in_process)) as front:
+        ttft_series(front.url, "gemma", 3)
+        out["via_router_in_process_ms"] = 1e3 * statistics.median(ttft_series(front.url, "gemma", n))
+    out["overhead_in_process_ms"] = out["via_router_in_process_ms"] - out["direct_ms"]
+    out["overhead_http_backend_ms"] = out["via_router_http_backend_ms"] - out["direct_ms"]
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+async def failover(engines: list[LLMEngine]) -> dict:
+    replicas = [LocalReplica(f"gemma/{i}", "gemma", lambda e=e: e) for i, e in enumerate(engines)]
+    router = router_over(replicas, "cost")
+    tokenizer = engines[0].tokenizer
+    outcomes = {"failed_clean": 0, "finished": 0, "other": 0}
+
+    async def one(i: int, max_tokens: int) -> None:
+        request = GenerateRequest(f"f{i}", tokenizer.encode(f"Story {i}: once upon a time"),
+                                  SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        try:
+            async for _ in router.generate("gemma", request):
+                pass
+            outcomes["finished"] += 1
+        except ReplicaFailed:
+            outcomes["failed_clean"] += 1
+        except Exception:  # noqa: BLE001 - counted, the point is that nothing else happens
+            outcomes["other"] += 1
+
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(one(i, 64)) for i in range(8)]
+    await asyncio.sleep(1.0)
+    replicas[0].kill("benchmark killed replica 0")
+    survivor_before = router.loads.of("gemma/1").sent
+    after = [asyncio.create_task(one(100 + i, 8)) for i in range(4)]
+    await asyncio.wait_for(asyncio.gather(*tasks, *after), 300)
+    for replica in replicas:
+        replica.worker.stop()
+    return {**outcomes, "new_requests": 4,
+            "new_requests_to_survivor": router.loads.of("gemma/1").sent - survivor_before,
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--ttft-requests", type=int, default=20)
+    parser.add_argument("--kv", default="24MiB", help="KV cache per replica (about 5 of the 8 system prompts)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    engines = [make_engine(args.kv) for _ in range(2)]
+    print(engines[0].capacity_report, file=sys.stderr)
+    results = {"affinity": asyncio.run(affinity_and_uniform(engines, args.requests))}
+    print(json.dumps(results["affinity"], indent=1), flush=True)
+    results["ttft"] = ttft_overhead(engines[0], args.ttft_requests)
+    print(json.dumps(results["ttft"]), flush=True)
+    results["failover"] = asyncio.run(failover(engines))
+    print(json.dumps(results["failover"]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
