@@ -47,6 +47,28 @@ def test_tiers_score_text_like_the_original_closer_the_more_bits(tmp_path):
     assert errors["q8_0"] < errors["q4_0"]
 
 
+def test_k_quant_blocks_read_back_through_gguf_dequantisers():
+    from gguf import quants
+
+    from ridgeline.model.quant.kquants import quantize_q4_k, quantize_q6_k
+
+    weights = np.random.default_rng(0).normal(0, 0.02, (32, 512)).astype(np.float32)
+    weights[3, :256] = 0.0  # an all-zero block must not divide by zero
+
+    def relative_error(blocks, qtype) -> float:
+        back = quants.dequantize(blocks, qtype)
+        assert back.shape == weights.shape
+        return float(np.abs(back - weights).mean() / np.abs(weights).mean())
+
+    q4_0 = relative_error(quants.quantize(weights, GGMLQuantizationType.Q4_0), GGMLQuantizationType.Q4_0)
+    q8_0 = relative_error(quants.quantize(weights, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+    q4_k = relative_error(quantize_q4_k(weights), GGMLQuantizationType.Q4_K)
+    q6_k = relative_error(quantize_q6_k(weights), GGMLQuantizationType.Q6_K)
+    assert q4_k < 1.05 * q4_0  # a layout mistake would give errors of order 1
+    assert q8_0 < q6_k < q4_k / 2
+    assert np.all(quants.dequantize(quantize_q6_k(weights), GGMLQuantizationType.Q6_K)[3, :256] == 0)
+
+
 def test_bad_requests_are_refused_clearly(tmp_path):
     with pytest.raises(RidgelineError, match="unknown quantisation type"):
         quantize_gguf(tiny_model_path(), tmp_path / "x.gguf", "q3_z")

@@ -7,7 +7,7 @@ import typer
 from ridgeline.cli.app import app
 
 
-@app.command("quantize", help="Requantise a GGUF model (q4_0, q4_1, q5_0, q8_0, q4_k, q6_k); norms stay as stored.")
+@app.command("quantize", help="Requantise a GGUF model (q4_0, q4_1, q5_0, q8_0, q4_k, q6_k); norms and 1-D tensors stay as stored.")
 def quantize_command(
     source: Path = typer.Argument(..., help="Input GGUF file."),
     destination: Path = typer.Argument(..., help="Output GGUF file."),

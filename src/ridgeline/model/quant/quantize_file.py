@@ -1,6 +1,7 @@
 """`ridgeline quantize`: a GGUF file requantised to one format, to serve one model as several tiers.
 
-Every 2-D weight matrix is dequantised to f32 and quantised again with gguf's own quantisers; what must stay
+Every 2-D weight matrix is dequantised to f32 and quantised again with gguf's own quantisers (Q4_K and Q6_K,
+which gguf cannot write, by kquants.py, checked against gguf's dequantisers); what must stay
 precise stays as stored: 1-D tensors (norms, biases, RoPE factors) and any matrix whose rows do not split into
 the format's blocks. All metadata is copied, with general.file_type updated.
 """
@@ -13,6 +14,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, Ll
 from gguf.constants import GGML_QUANT_SIZES
 
 from ridgeline.errors import RidgelineError
+from ridgeline.model.quant.kquants import quantize_q4_k, quantize_q6_k
 
 FORMATS = {
     "q4_0": (GGMLQuantizationType.Q4_0, LlamaFileType.MOSTLY_Q4_0),
@@ -22,6 +24,7 @@ FORMATS = {
     "q4_k": (GGMLQuantizationType.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
     "q6_k": (GGMLQuantizationType.Q6_K, LlamaFileType.MOSTLY_Q6_K),
 }
+OWN_QUANTISERS = {GGMLQuantizationType.Q4_K: quantize_q4_k, GGMLQuantizationType.Q6_K: quantize_q6_k}
 HEADER_FIELDS = ("GGUF.", "general.architecture")  # the writer writes these itself
 
 
@@ -67,11 +70,7 @@ def quantize_gguf(source: str | Path, destination: str | Path, fmt: str) -> Quan
             writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
             continue
         weights = quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
-        try:
-            packed = quants.quantize(weights, qtype)
-        except NotImplementedError:
-            raise RidgelineError(f"gguf {_gguf_version()} has no quantiser for {fmt}; "
-                                 f"choose one of {', '.join(k for k in FORMATS if k not in ('q4_k', 'q6_k'))}") from None
+        packed = OWN_QUANTISERS[qtype](weights) if qtype in OWN_QUANTISERS else quants.quantize(weights, qtype)
         writer.add_tensor(tensor.name, packed, raw_shape=packed.shape, raw_dtype=qtype)
         done += 1
     writer.write_header_to_file()
@@ -80,8 +79,3 @@ def quantize_gguf(source: str | Path, destination: str | Path, fmt: str) -> Quan
     writer.close()
     return QuantizeReport(destination, fmt, source.stat().st_size, destination.stat().st_size, done, kept)
 
-
-def _gguf_version() -> str:
-    from importlib.metadata import version
-
-    return version("gguf")
