@@ -17,7 +17,7 @@ _ids = itertools.count()
 def local_group(name: str, replicas: int = 2, quality: float = 0.5, num_blocks: int = 256,
                 max_num_seqs: int = 64) -> ModelGroup:
     made = [LocalReplica(f"{name}/{i}", name, lambda: tiny_engine(max_num_seqs, num_blocks)) for i in range(replicas)]
-    return ModelGroup(name, quality, made, tokenizer=made[0].tokenizer, max_model_len=made[0].info.max_model_len)
+    return ModelGroup(name, quality, made, tokenizer=made[0].tokenizer, admission=made[0].admission)
 
 
 def make_router(groups: list[ModelGroup], policy: str = "cost", **options) -> Router:

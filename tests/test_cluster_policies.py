@@ -71,7 +71,7 @@ def test_prompt_hashes_are_the_engine_block_hashes():
     tokens = list(range(3, 3 + 50))
     manager = BlockManager(16, block_size=8)
     seq = Sequence("s", tokens, SamplingParams(), 0.0)
-    engine_hashes = manager._block_hashes(seq, len(tokens) // 8)
+    engine_hashes = manager.block_hashes(seq, len(tokens) // 8)
     ours = prompt_block_hashes(tokens, 8)
     assert ours == engine_hashes[: (len(tokens) - 1) // 8]
 

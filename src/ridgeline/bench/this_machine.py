@@ -65,3 +65,10 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def machine_named(name: str, threads: int | None = None) -> Hardware:
+    """A catalogued machine by name, or this one (measured once, then cached) for THIS_MACHINE."""
+    from ridgeline.napkin.hardware import catalogued
+
+    return this_machine(threads=threads) if name == THIS_MACHINE else catalogued(name)

@@ -15,9 +15,9 @@ def quantize_command(
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine for the decode ceiling (napkin)."),
 ) -> None:
     from ridgeline.model.quant.quantize_file import quantize_gguf
-    from ridgeline.perf.hardware import get_hardware
-    from ridgeline.perf.model_source import load_model_shape
-    from ridgeline.perf.roofline import Roofline
+    from ridgeline.bench.this_machine import machine_named as get_hardware
+    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.napkin.roofline import Roofline
 
     report = quantize_gguf(source, destination, qtype.lower())
     print(f"{destination}: {report.qtype}, {report.bytes_after / 1e6:,.1f} MB (was {report.bytes_before / 1e6:,.1f} MB); "

@@ -37,7 +37,7 @@ def prior_rates(config: RouterConfig, backend: BackendConfig, hardware) -> Rates
         return Rates(backend.prefill_tokens_per_s, backend.decode_tokens_per_s, "configured")
     if backend.kind == "openai":
         return Rates(FALLBACK_RATES.prefill_tokens_per_s, FALLBACK_RATES.decode_tokens_per_s, FALLBACK_RATES.source)
-    from ridgeline.perf.model_source import load_model_shape
+    from ridgeline.bench.model_source import load_model_shape
 
     return roofline_rates(load_model_shape(config.resolve(backend.path)), hardware)
 
@@ -62,7 +62,7 @@ def _replicas(config: RouterConfig, backend: BackendConfig, first_index: int) ->
 
 async def build_router(config: RouterConfig, memory_budget: float | None = None, hardware=None) -> BuiltRouter:
     if hardware is None:
-        from ridgeline.perf.hardware import get_hardware
+        from ridgeline.bench.this_machine import machine_named as get_hardware
 
         hardware = get_hardware(config.router.hardware)
     budget = memory_budget
@@ -93,12 +93,14 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
         if backend.kind == "ray":
             for replica in replicas:
                 await replica.ready()
-        if backend.kind != "openai":
-            if group.tokenizer is None:
-                group.tokenizer = (replicas[0].tokenizer if backend.kind == "engine"
-                                   else _load_tokenizer(config.resolve(backend.path)))
-            length = min(r.info.max_model_len for r in replicas)
-            group.max_model_len = min(group.max_model_len or length, length)
+        if backend.kind != "openai" and group.tokenizer is None:
+            from ridgeline.engine.admission import Admission
+
+            group.tokenizer = (replicas[0].tokenizer if backend.kind == "engine"
+                               else _load_tokenizer(config.resolve(backend.path)))
+            # The tightest replica's limits: a request any replica might get must fit every one.
+            limits = min((r.info.limits for r in replicas), key=lambda limits: limits.max_seq_len)
+            group.admission = Admission(limits, group.tokenizer)
 
     s = config.router
     router = Router(list(groups.values()), rates, s.threshold, s.expected_output_tokens, s.health_interval_s)

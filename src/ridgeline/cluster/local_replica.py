@@ -23,6 +23,10 @@ class LocalReplica(WorkerReplica):
     def tokenizer(self):
         return self.worker.engine.tokenizer
 
+    @property
+    def admission(self):
+        return self.worker.engine.admission
+
     async def probe(self) -> WorkerStatus:
         status = self.worker.status()
         if not status.alive:

@@ -5,6 +5,7 @@ Outputs travel as the engine's own `RequestOutput`, so a front can render them e
 
 from dataclasses import dataclass, field
 
+from ridgeline.engine.admission import AdmissionLimits
 from ridgeline.engine.sampling_params import SamplingParams
 
 
@@ -23,9 +24,12 @@ class WorkerInfo:
     model_name: str
     role: str  # "both" today; "prefill" / "decode" for disaggregated workers
     block_size: int  # tokens per KV block: the router hashes prompts in blocks of this size
-    max_model_len: int
-    vocab_size: int
+    limits: AdmissionLimits  # what its engine admits: a front checks requests against these before sending
     num_kv_pages: int
+
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_seq_len
 
 
 @dataclass(frozen=True)

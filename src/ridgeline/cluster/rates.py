@@ -38,8 +38,8 @@ class Rates:
 
 def roofline_rates(shape, hardware) -> Rates:
     """The napkin's realistic rates: half the roofline's ceiling for prefill (compute) and decode (bandwidth)."""
-    from ridgeline.perf.advise import EFFICIENCY
-    from ridgeline.perf.roofline import Roofline
+    from ridgeline.napkin.advise import EFFICIENCY
+    from ridgeline.napkin.roofline import Roofline
 
     roofline = Roofline(shape, hardware)
     prefill = roofline.prefill(PRIOR_PROMPT_TOKENS)

@@ -39,9 +39,13 @@ class ModelGroup:
     quality: float
     replicas: list[Replica]
     tokenizer: object | None = None  # ridgeline workers: what the front encodes prompts with
-    max_model_len: int | None = None
+    admission: object | None = None  # ridgeline workers: the engine's Admission, which the front checks requests by
     chars_per_token: float = 4.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.admission.max_seq_len if self.admission is not None else None
 
     @property
     def is_http(self) -> bool:

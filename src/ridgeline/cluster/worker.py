@@ -38,8 +38,8 @@ class EngineWorker:
         self.engine = engine
         scheduler = engine.scheduler
         manager = scheduler.block_manager
-        self.info = WorkerInfo(worker_id, engine.model_name, role, manager.block_size, scheduler.max_seq_len,
-                               engine.model_config.vocab_size, manager.num_pages)
+        self.info = WorkerInfo(worker_id, engine.model_name, role, manager.block_size, engine.admission.limits,
+                               manager.num_pages)
         # Publish the names of one full-attention group: it keeps every block, so it bounds what a prompt can hit.
         self._published_group = next((g for g, w in enumerate(manager.windows) if w is None), 0)
         if manager.prefix_cache is not None:
@@ -114,14 +114,14 @@ class EngineWorker:
         try:
             while True:
                 with self._lock:
-                    while not self._commands and not self._stop and not engine.has_unfinished():
+                    while not self._commands and not self._stop and not engine.has_work():
                         self._lock.wait()
                     commands, self._commands = self._commands, []
                     if self._stop:
                         return
                 for command in commands:
                     self._apply(command)
-                outputs = engine.step() if engine.has_unfinished() else []
+                outputs = engine.step() if engine.has_work() else []
                 self._after_step(outputs)
         except BaseException as error:  # noqa: BLE001 - whatever broke the engine must reach every waiting request
             self.kill(f"engine failed: {error!r}")

@@ -20,7 +20,7 @@ from ridgeline.cluster.build import estimate_tokens
 from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaError
 from ridgeline.cluster.messages import GenerateRequest
 from ridgeline.cluster.router import Router
-from ridgeline.server.async_engine import EngineRequest
+from ridgeline.engine.messages import AddRequest
 from ridgeline.server.chat import create_chat_completion
 from ridgeline.server.completions import create_completion
 from ridgeline.server.errors import APIError, error_response, install_error_handlers, validation_message
@@ -41,14 +41,17 @@ class RoutedSubmission:
     """The engine requests of one HTTP request, each streamed from the replica the router picked for it; the
     same interface as server/async_engine.py's Submission, so the completions and chat code need no change."""
 
-    def __init__(self, router: Router, model: str, requests: list[EngineRequest]):
+    def __init__(self, router: Router, model: str, requests: list[AddRequest]):
         self.queue: asyncio.Queue = asyncio.Queue()
         self._unfinished = {r.request_id for r in requests}
         self._tasks = [asyncio.create_task(self._pump(router, model, index, r)) for index, r in enumerate(requests)]
 
-    async def _pump(self, router: Router, model: str, index: int, request: EngineRequest) -> None:
+    async def _pump(self, router: Router, model: str, index: int, request: AddRequest) -> None:
+        # Each choice is routed on its own (a replica may take any of them), so n > 1 shares no pages via fork_of.
+        admitted = request.request
         try:
-            async for output in router.generate(model, GenerateRequest(request.request_id, request.prompt, request.params)):
+            async for output in router.generate(model, GenerateRequest(request.request_id,
+                                                                       list(admitted.prompt_token_ids), admitted.params)):
                 self.queue.put_nowait((index, output))
         except ReplicaError as error:
             self.queue.put_nowait(api_error(error))
@@ -75,7 +78,7 @@ class RoutedEngine:
         self.router = router
         self.model = model
 
-    def submit(self, requests: list[EngineRequest]) -> RoutedSubmission:
+    def submit(self, requests: list[AddRequest]) -> RoutedSubmission:
         if not self.router.usable(self.model):
             raise APIError(503, f"no replica of {self.model!r} is up; retry later", code="no_backend_available",
                            headers={"Retry-After": "1"})
@@ -113,8 +116,8 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
         router = built
         app.state.router = built
         contexts.update({
-            name: ServingContext(engine=RoutedEngine(built, name), tokenizer=group.tokenizer, model_name=name,
-                                 max_model_len=group.max_model_len, log_prompts=log_prompts)
+            name: ServingContext(engine=RoutedEngine(built, name), tokenizer=group.tokenizer, admission=group.admission,
+                                 model_name=name, log_prompts=log_prompts)
             for name, group in built.groups.items() if not group.is_http
         })
 
