@@ -79,12 +79,13 @@ async def run_workload(router: Router, prompts: list[list[int]], concurrency: in
 
 def router_over(replicas: list, policy: str) -> Router:
     group = ModelGroup("gemma", 0.5, replicas, tokenizer=getattr(replicas[0], "tokenizer", None),
-                       max_model_len=getattr(getattr(replicas[0], "info", None), "max_model_len", None))
+                       admission=getattr(replicas[0], "admission", None))
     return Router([group], {r.name: Rates(1500.0, 60.0, "configured") for r in replicas}, policy=policy,
                   health_interval_s=3600)
 
 
-async def affinity_and_uniform(engines: list[LLMEngine], requests: int) -> dict:
+async def affinity_and_uniform(kv: str, requests: int) -> dict:
+    engines = [make_engine(kv) for _ in range(2)]
     tokenizer = engines[0].tokenizer
     rng = np.random.default_rng(0)
     systems = [tokenizer.encode(f"System prompt {k}. " + text(rng, 260)) for k in range(8)]
@@ -93,8 +94,8 @@ async def affinity_and_uniform(engines: list[LLMEngine], requests: int) -> dict:
     uniform = [tokenizer.encode(text(rng, int(rng.integers(20, 200)))) for _ in range(requests)]
     results = {}
     for policy in ("cost", "round_robin"):
-        for engine in engines:
-            engine.scheduler.block_manager.reset_prefix_cache()
+        if policy != "cost":  # cold caches for each policy
+            engines = [make_engine(kv) for _ in range(2)]
         replicas = [LocalReplica(f"gemma/{i}", "gemma", lambda e=e: e) for i, e in enumerate(engines)]
         router = router_over(replicas, policy)
         results[f"shared_prefix_{policy}"] = await run_workload(router, shared, 4, 8)
@@ -109,7 +110,7 @@ async def affinity_and_uniform(engines: list[LLMEngine], requests: int) -> dict:
     results["uniform_max_over_min"] = round(max(counts) / max(1, min(counts)), 3)
     results["prefilled_ratio_round_robin_over_cost"] = round(
         results["shared_prefix_round_robin"]["prefilled_tokens"] / results["shared_prefix_cost"]["prefilled_tokens"], 2)
-    return results
+    return results, engines
 
 
 def ttft_series(url: str, model: str, n: int) -> list[float]:
@@ -195,9 +196,9 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    engines = [make_engine(args.kv) for _ in range(2)]
+    affinity, engines = asyncio.run(affinity_and_uniform(args.kv, args.requests))
     print(engines[0].capacity_report, file=sys.stderr)
-    results = {"affinity": asyncio.run(affinity_and_uniform(engines, args.requests))}
+    results = {"affinity": affinity}
     print(json.dumps(results["affinity"], indent=1), flush=True)
     results["ttft"] = ttft_overhead(engines[0], args.ttft_requests)
     print(json.dumps(results["ttft"]), flush=True)

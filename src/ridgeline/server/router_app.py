@@ -21,6 +21,7 @@ from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaError
 from ridgeline.cluster.messages import GenerateRequest
 from ridgeline.cluster.router import Router
 from ridgeline.engine.messages import AddRequest
+from ridgeline.server.async_engine import Submission
 from ridgeline.server.chat import create_chat_completion
 from ridgeline.server.completions import create_completion
 from ridgeline.server.errors import APIError, error_response, install_error_handlers, validation_message
@@ -37,13 +38,12 @@ def api_error(error: ReplicaError) -> APIError:
     return APIError(error.status, str(error), code=error.code, headers=headers)
 
 
-class RoutedSubmission:
-    """The engine requests of one HTTP request, each streamed from the replica the router picked for it; the
-    same interface as server/async_engine.py's Submission, so the completions and chat code need no change."""
+class RoutedSubmission(Submission):
+    """The engine requests of one HTTP request, each streamed from the replica the router picked for it; a
+    Submission (server/async_engine.py) to the completions and chat code, which need no change."""
 
     def __init__(self, router: Router, model: str, requests: list[AddRequest]):
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self._unfinished = {r.request_id for r in requests}
+        super().__init__(None, [r.request_id for r in requests])
         self._tasks = [asyncio.create_task(self._pump(router, model, index, r)) for index, r in enumerate(requests)]
 
     async def _pump(self, router: Router, model: str, index: int, request: AddRequest) -> None:
@@ -55,16 +55,6 @@ class RoutedSubmission:
                 self.queue.put_nowait((index, output))
         except ReplicaError as error:
             self.queue.put_nowait(api_error(error))
-
-    async def outputs(self):
-        while self._unfinished:
-            item = await self.queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            index, output = item
-            if output.finished:
-                self._unfinished.discard(output.request_id)
-            yield index, output
 
     def close(self) -> None:
         """Client gone, error or done: cancelling a pump aborts its request on the replica."""
