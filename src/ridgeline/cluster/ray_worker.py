@@ -13,7 +13,7 @@ import queue
 from ridgeline.cluster.messages import GenerateRequest, WorkerInfo, WorkerStatus
 from ridgeline.errors import RidgelineError
 
-ACTOR_CONCURRENCY = 512  # generate calls in flight per actor (each holds one thread while it streams)
+ACTOR_CONCURRENCY = 64  # generate calls in flight per actor (each holds one of its threads while it streams)
 
 
 def ray_module():
