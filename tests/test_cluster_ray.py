@@ -26,6 +26,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow  # a local Ray cluster and two actor processes: ~25 s on two shared cores
 def test_router_over_ray_actors_streams_reports_and_survives_a_killed_actor(ray_cluster):
     config = EngineConfig(model=str(tiny_model_path()), threads=1,
                           kv_cache=KVCacheConfig(16, "fp32", 256 * 16 * KV_BYTES_PER_TOKEN),
