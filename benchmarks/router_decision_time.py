@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from ridgeline.cluster.affinity import prompt_block_hashes
+from ridgeline.engine.admission import AdmissionLimits
 from ridgeline.cluster.messages import CacheEvents, WorkerInfo
 from ridgeline.cluster.rates import Rates
 from ridgeline.cluster.replicas import WorkerReplica
@@ -27,7 +28,7 @@ class StandInReplica(WorkerReplica):
 
     def __init__(self, name: str, model: str):
         super().__init__(name, model)
-        self.info = WorkerInfo(name, model, "both", 16, 8192, 262144, 10000)
+        self.info = WorkerInfo(name, model, "both", 16, AdmissionLimits(262144, 8192, 2048, True), 10000)
 
     async def probe(self):
         return None

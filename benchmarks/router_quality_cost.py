@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ridgeline.cli.engine_options import engine_config
+from ridgeline.engine.admission import AdmissionLimits
 from ridgeline.cluster.messages import WorkerInfo
 from ridgeline.cluster.rates import Rates
 from ridgeline.cluster.replicas import WorkerReplica
@@ -45,7 +46,7 @@ class Tier(WorkerReplica):
 
     def __init__(self, name: str):
         super().__init__(f"{name}/0", name)
-        self.info = WorkerInfo(self.name, name, "both", 16, 8192, 0, 0)
+        self.info = WorkerInfo(self.name, name, "both", 16, AdmissionLimits(0, 8192, 2048, True), 0)
 
     async def probe(self):
         return None
