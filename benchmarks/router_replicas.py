@@ -44,8 +44,12 @@ def text(rng, words: int) -> str:
     return " ".join(rng.choice(WORDS, words))
 
 
+MODEL: str | None = None  # --model; None: the bundled default model
+SYSTEM_WORDS = 260
+
+
 def make_engine(kv: str) -> LLMEngine:
-    return LLMEngine(engine_config(None, threads=1, kv_cache_memory=kv, max_num_seqs=16, max_num_batched_tokens=256))
+    return LLMEngine(engine_config(MODEL, threads=1, kv_cache_memory=kv, max_num_seqs=16, max_num_batched_tokens=256))
 
 
 async def run_workload(router: Router, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
@@ -88,10 +92,11 @@ async def affinity_and_uniform(kv: str, requests: int) -> dict:
     engines = [make_engine(kv) for _ in range(2)]
     tokenizer = engines[0].tokenizer
     rng = np.random.default_rng(0)
-    systems = [tokenizer.encode(f"System prompt {k}. " + text(rng, 260)) for k in range(8)]
+    systems = [tokenizer.encode(f"System prompt {k}. " + text(rng, SYSTEM_WORDS)) for k in range(8)]
     shared = [systems[int(rng.integers(8))] + tokenizer.encode(" User: " + text(rng, 12), add_bos=False)
               for _ in range(requests)]
-    uniform = [tokenizer.encode(text(rng, int(rng.integers(20, 200)))) for _ in range(requests)]
+    uniform = [tokenizer.encode(text(rng, int(rng.integers(SYSTEM_WORDS // 13, SYSTEM_WORDS * 10 // 13))))
+               for _ in range(requests)]
     results = {}
     for policy in ("cost", "round_robin"):
         if policy != "cost":  # cold caches for each policy
@@ -189,12 +194,16 @@ async def failover(engines: list[LLMEngine]) -> dict:
 
 
 def main() -> None:
+    global MODEL, SYSTEM_WORDS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--ttft-requests", type=int, default=20)
     parser.add_argument("--kv", default="24MiB", help="KV cache per replica (about 5 of the 8 system prompts)")
+    parser.add_argument("--model", help="GGUF file (default: the bundled model)")
+    parser.add_argument("--system-words", type=int, default=SYSTEM_WORDS, help="words per shared system prompt")
     parser.add_argument("--json")
     args = parser.parse_args()
+    MODEL, SYSTEM_WORDS = args.model, args.system_words
     torch.set_num_threads(1)
     affinity, engines = asyncio.run(affinity_and_uniform(args.kv, args.requests))
     print(engines[0].capacity_report, file=sys.stderr)
