@@ -26,8 +26,8 @@ def busy_app() -> FastAPI:
     async def health():
         return JSONResponse({})
 
-    @app.post("/v1/chat/completions")
-    async def chat():
+    @app.post("/{path:path}")
+    async def refuse(path: str):
         return JSONResponse({"error": {"message": "busy"}}, status_code=503, headers={"Retry-After": "30"})
 
     return app
@@ -47,6 +47,8 @@ def stack():
             groups = [small, large, remote_group]
             rates = {r.name: Rates(*TEST_RATES, "configured") for g in groups for r in g.replicas}
             rates["large/0"] = Rates(TEST_RATES[0] / 5, TEST_RATES[1] / 5, "configured")  # five times slower
+            for replica in remote_group.replicas:  # slower than small and better than it only a little: `auto` skips it
+                rates[replica.name] = Rates(TEST_RATES[0] / 3, TEST_RATES[1] / 3, "configured")
             router = Router(groups, rates, threshold=0.05, health_interval_s=3600)
             await router.start()
             holder["router"] = router
