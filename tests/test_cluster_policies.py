@@ -119,3 +119,15 @@ def test_match_finds_each_replicas_cached_prefix_in_tokens():
     index.apply("a", CacheEvents(stored=chain[:4]))
     index.apply("b", CacheEvents(stored=chain[:1] + chain[2:]))
     assert index.match(["a", "b", "c"], tokens, 16) == {"a": 64, "b": 16, "c": 0}
+
+
+def test_first_measurement_replaces_the_prior_later_ones_blend_in():
+    from ridgeline.cluster.rates import Rates
+
+    rates = Rates(100_000.0, 100_000.0, "roofline")
+    rates.observe(100, 0.1, 0, None)  # a prefill-only sample leaves decode's prior alone...
+    assert rates.prefill_tokens_per_s == 1000 and rates.decode_tokens_per_s == 100_000
+    rates.observe(0, None, 10, 0.5)  # ...and decode's first sample still replaces it
+    assert rates.decode_tokens_per_s == 20
+    rates.observe(100, 0.05, 10, 0.25)
+    assert 1000 < rates.prefill_tokens_per_s < 2000 and 20 < rates.decode_tokens_per_s < 40

@@ -45,14 +45,18 @@ def place(config: RouterConfig, budget_bytes: float | None, hardware) -> list[Pl
         advice = advise_one(shape, hardware, RequestShape(FIT_PROMPT_TOKENS, FIT_OUTPUT_TOKENS),
                             budget_bytes=max(1.0, remaining - kv * backend.replicas - shape.total_weight_bytes
                                              * (backend.replicas - 1)))
+        cost = (f"{_size(need)} ({backend.replicas} x ({_size(shape.total_weight_bytes)} weights + {_size(kv)} KV "
+                f"cache))")
         if advice.fits and need <= remaining:
             remaining -= need
             placements.append(Placement(backend, True, shape.total_weight_bytes, kv,
-                                        f"{need / 1e9:.2f} GB ({backend.replicas} x {shape.total_weight_bytes / 1e9:.2f} GB "
-                                        f"weights + {kv / 1e9:.2f} GB KV), ~{advice.tokens_per_s_per_stream:.0f} tok/s "
-                                        f"per stream; {remaining / 1e9:.2f} GB left"))
+                                        f"{cost}, ~{advice.tokens_per_s_per_stream:,.0f} tok/s per stream (napkin); "
+                                        f"{_size(remaining)} of the budget left"))
         else:
-            why = advice.why_not or f"needs {need / 1e9:.2f} GB"
             placements.append(Placement(backend, False, shape.total_weight_bytes, kv,
-                                        f"left out: {why}; {remaining / 1e9:.2f} GB of the budget left"))
+                                        f"needs {cost}, only {_size(remaining)} of the budget left"))
     return placements
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"

@@ -13,13 +13,20 @@ PRIOR_CONTEXT = 512
 class Rates:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float  # per stream
-    source: str  # "roofline", "configured", "measured" or "default"
+    source: str  # where the figures came from: "roofline", "configured" or "default", then "measured"
+    # Whether each figure has been measured yet: the first measurement replaces the prior, later ones blend in.
+    prefill_measured: bool = False
+    decode_measured: bool = False
 
     def observe(self, prefill_tokens: int, prefill_s: float | None, decode_tokens: int, decode_s: float | None) -> None:
         if prefill_s and prefill_tokens > 0:
-            self.prefill_tokens_per_s = self._blend(self.prefill_tokens_per_s, prefill_tokens / prefill_s)
+            rate = prefill_tokens / prefill_s
+            self.prefill_tokens_per_s = _blend(self.prefill_tokens_per_s, rate) if self.prefill_measured else rate
+            self.prefill_measured, self.source = True, "measured"
         if decode_s and decode_tokens > 0:
-            self.decode_tokens_per_s = self._blend(self.decode_tokens_per_s, decode_tokens / decode_s)
+            rate = decode_tokens / decode_s
+            self.decode_tokens_per_s = _blend(self.decode_tokens_per_s, rate) if self.decode_measured else rate
+            self.decode_measured, self.source = True, "measured"
 
     def observe_output(self, output) -> None:
         """From a finished RequestOutput: its uncached prompt over its prefill time, its tokens over its decode time."""
@@ -29,11 +36,9 @@ class Rates:
         self.observe(len(output.prompt_token_ids) - output.num_cached_tokens, prefill_s,
                      len(t.token_times) - 1, decode_s)
 
-    def _blend(self, old: float, new: float) -> float:
-        if self.source != "measured":
-            self.source = "measured"
-            return new
-        return (1 - SMOOTHING) * old + SMOOTHING * new
+
+def _blend(old: float, new: float) -> float:
+    return (1 - SMOOTHING) * old + SMOOTHING * new
 
 
 def roofline_rates(shape, hardware) -> Rates:
