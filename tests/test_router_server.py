@@ -49,7 +49,7 @@ def stack():
             rates["large/0"] = Rates(TEST_RATES[0] / 5, TEST_RATES[1] / 5, "configured")  # five times slower
             for replica in remote_group.replicas:  # slower than small and better than it only a little: `auto` skips it
                 rates[replica.name] = Rates(TEST_RATES[0] / 3, TEST_RATES[1] / 3, "configured")
-            router = Router(groups, rates, threshold=0.05, health_interval_s=3600)
+            router = Router(groups, rates, threshold=0.05, health_interval_s=3600, learn_rates=False)
             await router.start()
             holder["router"] = router
             return router

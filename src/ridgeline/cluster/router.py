@@ -64,7 +64,8 @@ class Forwarded:
 
 class Router:
     def __init__(self, groups: list[ModelGroup], rates: dict[str, Rates], threshold: float = 0.05,
-                 expected_output_tokens: int = 128, health_interval_s: float = 1.0, policy: str = "cost"):
+                 expected_output_tokens: int = 128, health_interval_s: float = 1.0, policy: str = "cost",
+                 learn_rates: bool = True):
         if policy not in ("cost", "round_robin"):
             raise ValueError(f"unknown replica policy {policy!r} (cost or round_robin)")
         for group in groups:
@@ -87,6 +88,7 @@ class Router:
         self.index = PrefixIndex()
         self.metrics = RouterMetrics()
         self.round_robin = RoundRobin() if policy == "round_robin" else None
+        self.learn_rates = learn_rates  # False: keep the given rates (a pinned config, or reproducible tests)
         self._task: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle and health
@@ -213,7 +215,8 @@ class Router:
         self._update_gauges(name)
 
     def _observe(self, model: str, name: str, output: RequestOutput) -> None:
-        self.rates[name].observe_output(output)
+        if self.learn_rates:
+            self.rates[name].observe_output(output)
 
     def _on_refused(self, model: str, name: str, error: ReplicaError) -> None:
         if isinstance(error, ReplicaBusy):
