@@ -37,12 +37,14 @@ def serve_command(
     decode_workers: int = typer.Option(0, "--decode-workers", min=0, help="Disaggregated on Ray: this many decode workers as Ray actors."),
     ray_address: str = typer.Option(None, "--ray-address", help="The Ray cluster for --prefill-workers/--decode-workers (default: start a local one)."),
     local_prefill_tokens: int = typer.Option(64, "--local-prefill-tokens", min=0, help="With Ray workers: prompts shorter than this are prefilled on the decode worker."),
+    hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
 ) -> None:
     if prefill_workers or decode_workers:
         _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, local_prefill_tokens, threads,
                       kv_cache_memory, kv_cache_dtype)
         return
     from ridgeline.cli.engine_options import engine_config
+    from ridgeline.dashboard.machine import machine_named
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
     from ridgeline import startup_clock
@@ -75,11 +77,15 @@ def serve_command(
         role=role,
         kv_bind=kv_bind,
         kv_advertise_host=kv_host,
+        hardware=hardware,
     )
     console = Console(stderr=True)
     with console.status("loading model"):
         engine = LLMEngine(config)
     console.print(engine.capacity_report, highlight=False)
+    with console.status("reading this machine's roofline for /dashboard (measured once, then cached)"):
+        machine = machine_named(hardware)  # before serving, with the engine's thread count, so no request waits on it
+    console.print(f"dashboard: http://{host}:{port}/dashboard (roofline of {machine.title})", highlight=False)
     app = create_app(engine, server_config)
     console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False, soft_wrap=True)
     run_server(app, server_config)
