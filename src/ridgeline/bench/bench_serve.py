@@ -230,6 +230,20 @@ def bench_serve(
     check_target(config.base_url, config.allow_remote)
     if config.endpoint not in ("completions", "chat"):
         raise RidgelineError(f"--endpoint must be completions or chat, got {config.endpoint!r}")
+    started_at = time.time()
     results = [asyncio.run(run_level(config, level, on_done)) for level in levels]
     settings = asdict(config) | {"dataset": str(config.dataset) if config.dataset else None}
-    return {"config": settings, "levels": results, "roofline_points": roofline_points(results, config)}
+    return {"config": settings, "started_at": started_at, "levels": results,
+            "roofline_points": roofline_points(results, config)}
+
+
+def fetch_steps_figure(base_url: str, since: float) -> dict | str:
+    """The server's roofline figure of the steps it ran since `since` (a ridgeline server's /v1/steps/figure,
+    the dashboard's picture), or why there is none (another server, or one that wants a key)."""
+    try:
+        response = httpx.get(f"{base_url}/v1/steps/figure", params={"since": since}, timeout=60)
+    except httpx.HTTPError as error:
+        return f"could not fetch {base_url}/v1/steps/figure: {error}"
+    if response.status_code != 200:
+        return f"{base_url}/v1/steps/figure answered HTTP {response.status_code} (not a ridgeline server, or it wants an API key)"
+    return response.json()
