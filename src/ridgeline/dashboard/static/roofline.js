@@ -93,7 +93,7 @@
       const rx = this.sx(f.ridge);
       el("line", { x1: rx, x2: rx, y1: top, y2: bottom, class: "ridge", "data-ridge": f.ridge }, svg);
       el("text", { x: rx + 4, y: top + 12, class: "ridge-label" }, svg).textContent = f.ceilings.ridge;
-      el("text", { x: right - 4, y: this.sy(f.peak_flops) - 6, class: "ceiling-label", "text-anchor": "end" }, svg).textContent = f.ceilings.compute;
+      el("text", { x: right - 4, y: this.sy(f.peak_flops) + 16, class: "ceiling-label", "text-anchor": "end" }, svg).textContent = f.ceilings.compute;
       const along = Math.sqrt(x0 * Math.min(f.ridge, x1)); // half way up the slope (on the log scale)
       const slope = Math.atan2(this.sy(f.bandwidth * along * 2) - this.sy(f.bandwidth * along), this.sx(along * 2) - this.sx(along)) * 180 / Math.PI;
       const [mx, my] = [this.sx(along), this.sy(f.bandwidth * along) - 8];
@@ -143,7 +143,10 @@
       const cx = this.sx(p.x), cy = this.sy(p.y);
       const dot = el("circle", { cx, cy, r: p.annotate ? 5 : 3.5, fill: style.colour, class: `point kind-${p.kind}`,
         "data-x": p.x, "data-y": p.y, "data-kind": p.kind }, this.pointLayer);
-      if (p.annotate) el("text", { x: cx + 6, y: cy - 6, class: "point-label", fill: style.colour }, this.pointLayer).textContent = p.label;
+      if (p.annotate) { // decode labels below the point, the others above (as the PNG places them)
+        const below = p.kind.endsWith("decode");
+        el("text", { x: cx + 4, y: below ? cy + 14 : cy - 7, class: "point-label", fill: style.colour }, this.pointLayer).textContent = p.label;
+      }
       dot.addEventListener("mouseenter", () => this.showTooltip(p, cx, cy));
       dot.addEventListener("mouseleave", () => { this.tooltip.hidden = true; });
     }
