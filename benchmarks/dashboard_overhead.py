@@ -34,8 +34,8 @@ from ridgeline.engine.scheduler import ScheduledChunk, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
 from ridgeline.engine.step_record import StepRecorder
 from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
-from ridgeline.perf.bench_serve import BenchServeConfig, LoadLevel, bench_serve
-from ridgeline.perf.model_source import shape_from_checkpoint
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+from ridgeline.bench.model_source import shape_from_checkpoint
 
 KV_DTYPE_BYTES = 2  # the server's default bf16 KV cache
 CHROMIUM = "/usr/bin/chromium"
