@@ -117,7 +117,7 @@ class StepRecorder:
         flops = kv_bytes = 0.0
         for chunk in plan.chunks:
             start = chunk.start
-            if chunk.is_decode:
+            if chunk.num_tokens == 1 and chunk.samples:  # a decode row (or a one-token prompt tail: same cost)
                 contexts.append(start)
                 flops += shape.attention_flops_per_token(start)
                 kv_bytes += shape.kv_bytes_for_context(start, kv_dtype)
