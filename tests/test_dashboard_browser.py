@@ -154,8 +154,8 @@ def test_dashboard_in_chromium(tmp_path):
             wait_until(page, f"window.ridgeline.frames > {seen + 1}", timeout_s=10)
             assert number(field(page, "num_running")) == sample["ridgeline_num_requests_running"] == 0
             assert number(field(page, "num_waiting")) == sample["ridgeline_num_requests_waiting"] == 0
-            assert number(field(page, "free_pages")) == sample["ridgeline_kv_cache_free_blocks"]
-            assert number(field(page, "total_pages")) == sample["ridgeline_kv_cache_total_blocks"]
+            assert number(field(page, "free_pages")) == sample["ridgeline_kv_cache_free_pages"]
+            assert number(field(page, "total_pages")) == sample["ridgeline_kv_cache_total_pages"]
             assert number(field(page, "preemptions")) == sample["ridgeline_num_preemptions"]
             assert number(field(page, "prefix_hit_rate")) == pytest.approx(100 * sample["ridgeline_prefix_cache_hit_rate"], abs=0.05)
             assert number(page.locator('[data-counter="length"]').inner_text()) == sample["ridgeline_request_success_total:length"] == 9

@@ -57,8 +57,8 @@ def engine_view(engine) -> EngineView:
     if mean_context is not None:
         context = round(mean_context)
         per_seq = sum(pages_held(context, 1, window, blocks.block_size) for window in windows)
-        largest = len(running) + stats.num_free_blocks // per_seq
-    return EngineView(stats.num_running, stats.num_waiting, stats.num_free_blocks, stats.num_total_blocks, groups,
+        largest = len(running) + stats.num_free_pages // per_seq
+    return EngineView(stats.num_running, stats.num_waiting, stats.num_free_pages, stats.num_total_pages, groups,
                       blocks.block_size, stats.prefix_cache_queries, stats.prefix_cache_hits, stats.num_preemptions,
                       mean_context, per_seq, largest)
 
