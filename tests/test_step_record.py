@@ -96,3 +96,14 @@ def test_the_engine_records_every_forward_pass():
     assert steps[0].prefill_tokens == len(prompt)
     assert [s.decode_contexts for s in steps[1:]] == [(len(prompt) + i,) for i in range(5)]
     assert all(s.seconds > 0 and s.flops > 0 for s in steps)
+
+
+def test_a_decode_row_verifying_guesses_computes_them_but_reads_the_cache_once(roofline):
+    seq = Sequence("r", list(range(101)), SamplingParams(), 0.0)
+    verify = ScheduledChunk(seq, 100, 4, True, (), draft_token_ids=(7, 8, 9))  # last token + 3 guesses
+    step = StepRecorder(roofline.shape, KV_BYTES).record(plan(verify), 0.01)
+    shape = roofline.shape
+    assert step.kind == "decode" and step.decode_rows == 1 and step.tokens == 4
+    assert step.flops == pytest.approx(4 * shape.matmul_flops_per_token()
+                                       + sum(shape.attention_flops_per_token(c) for c in range(100, 104)))
+    assert step.kv_bytes == shape.kv_bytes_for_context(100, KV_BYTES)

@@ -34,6 +34,7 @@ class StepRecord:
     index: int  # 0, 1, 2, ... since the engine started
     timestamp: float  # wall clock (time.time()) when the forward pass ended
     seconds: float  # the forward pass
+    tokens: int  # rows computed: prefill tokens, one per decode row, plus any speculative guesses verified
     decode_contexts: tuple[int, ...]  # one per decode row: tokens already cached for that sequence
     prefill_chunks: tuple[PrefillChunk, ...]
     weight_bytes: float
@@ -51,10 +52,6 @@ class StepRecord:
     @property
     def prefill_tokens(self) -> int:
         return sum(chunk.tokens for chunk in self.prefill_chunks)
-
-    @property
-    def tokens(self) -> int:
-        return self.decode_rows + self.prefill_tokens
 
     @property
     def nbytes(self) -> float:
@@ -116,20 +113,20 @@ class StepRecorder:
         prefills = []
         flops = kv_bytes = 0.0
         for chunk in plan.chunks:
-            start = chunk.start
-            if chunk.num_tokens == 1 and chunk.samples:  # a decode row (or a one-token prompt tail: same cost)
+            start, end = chunk.start, chunk.start + chunk.num_tokens
+            # Causal attention of rows start..end-1 (one row: exactly attention_flops_per_token(start)).
+            flops += shape.prefill_attention_flops(end) - shape.prefill_attention_flops(start)
+            if chunk.samples and chunk.num_tokens == 1 + len(chunk.draft_token_ids):
+                # A decode row (with any speculative guesses riding along): reads its sequence's cached KV.
                 contexts.append(start)
-                flops += shape.attention_flops_per_token(start)
                 kv_bytes += shape.kv_bytes_for_context(start, kv_dtype)
             else:
-                end = start + chunk.num_tokens
                 prefills.append(PrefillChunk(start, chunk.num_tokens))
-                flops += shape.prefill_attention_flops(end) - shape.prefill_attention_flops(start)
                 kv_bytes += shape.kv_bytes_for_context(end, kv_dtype)  # the prefix read, the chunk written
         tokens = plan.num_batched_tokens
         flops += tokens * shape.matmul_flops_per_token()
         with self._lock:
-            step = StepRecord(self._next_index, time.time(), seconds, tuple(contexts), tuple(prefills),
+            step = StepRecord(self._next_index, time.time(), seconds, tokens, tuple(contexts), tuple(prefills),
                               shape.weight_bytes_read(tokens), kv_bytes, flops)
             self._next_index += 1
             self._steps.append(step)
