@@ -260,7 +260,21 @@ def bench_serve(
         raise RidgelineError("--record writes one trace: give one load level")
     if config.trace is not None and any(level.request_rate for level in levels):
         raise RidgelineError("--trace brings its own arrival times: drop --request-rate")
+    started_at = time.time()
     results = [asyncio.run(run_level(config, level, on_done)) for level in levels]
     settings = asdict(config) | {key: str(getattr(config, key)) if getattr(config, key) else None
                                  for key in ("dataset", "trace", "record")}
-    return {"config": settings, "levels": results, "roofline_points": roofline_points(results, config)}
+    return {"config": settings, "started_at": started_at, "levels": results,
+            "roofline_points": roofline_points(results, config)}
+
+
+def fetch_steps_figure(base_url: str, since: float) -> dict | str:
+    """The server's roofline figure of the steps it ran since `since` (a ridgeline server's /v1/steps/figure,
+    the dashboard's picture), or why there is none (another server, or one that wants a key)."""
+    try:
+        response = httpx.get(f"{base_url}/v1/steps/figure", params={"since": since}, timeout=60)
+    except httpx.HTTPError as error:
+        return f"could not fetch {base_url}/v1/steps/figure: {error}"
+    if response.status_code != 200:
+        return f"{base_url}/v1/steps/figure answered HTTP {response.status_code} (not a ridgeline server, or it wants an API key)"
+    return response.json()

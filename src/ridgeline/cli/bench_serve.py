@@ -8,9 +8,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, make_prompts
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, fetch_steps_figure, make_prompts
 from ridgeline.bench.serve_metrics import PERCENTILES, Slo
 from ridgeline.cli.app import bench_app
+from ridgeline.dashboard.export import render_roofline
 from ridgeline.errors import RidgelineError
 
 
@@ -57,7 +58,7 @@ def bench_serve_command(
     trace: Path = typer.Option(None, "--trace", help="Replay a JSONL trace (arrival_s, prompt or prompt_ids, output_tokens), as `simulate` reads it."),
     record: Path = typer.Option(None, "--record", help="Write the requests sent, with what each measured, as a replayable JSONL trace."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (includes roofline_points for `roofline --measured`)."),
-    plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png."),
+    plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png, and from a ridgeline server PREFIX-roofline.png and .html: the run's steps on the roofline, as /dashboard draws them."),
 ) -> None:
     levels = load_levels(concurrency, request_rate)
     config = BenchServeConfig(
@@ -83,6 +84,11 @@ def bench_serve_command(
         report = bench_serve(config, levels, on_done=lambda result: progress.advance(task))
     if plot:
         report["plots"] = [str(p) for p in write_plots(report, plot)]
+        figure = fetch_steps_figure(config.base_url, report["started_at"])
+        if isinstance(figure, str):
+            report["roofline_plot_skipped"] = figure
+        else:
+            report["plots"] += [str(render_roofline(figure, f"{plot}-roofline.{suffix}")) for suffix in ("png", "html")]
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -147,3 +153,5 @@ def print_report(console: Console, report: dict, title: str | None = None) -> No
             console.print(f"[red]{level_label(level)}:[/] {error}")
     for path in report.get("plots", []):
         console.print(f"wrote {path}")
+    if "roofline_plot_skipped" in report:
+        console.print(f"no roofline plot: {report['roofline_plot_skipped']}")

@@ -30,9 +30,10 @@ def roofline_command(
     measured: str = typer.Option(None, "--measured", help="JSON file of measured points to put on the --plot."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure this-machine again instead of using the cache."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-    plot: str = typer.Option(None, "--plot", help="Write a roofline chart (PNG) with decode and prefill operating points."),
+    plot: str = typer.Option(None, "--plot", help="Write a roofline chart with decode and prefill operating points: PNG, or self-contained HTML (the dashboard's drawing) for a .html name."),
 ) -> None:
-    from ridgeline.napkin.plot import plot_roofline
+    from ridgeline.dashboard.export import render_roofline
+    from ridgeline.napkin.plot import modelled_figure
 
     console = Console(stderr=as_json, width=max(Console().width, 110))  # long figures read better unwrapped
     if hardware == THIS_MACHINE:
@@ -52,7 +53,7 @@ def roofline_command(
             for p in points
         ]
     if plot:
-        summary["plot"] = str(plot_roofline(roofline, plot, context=context, measured=points))
+        summary["plot"] = str(render_roofline(modelled_figure(roofline, context, measured=points), plot))
     if as_json:
         print(json.dumps(summary, indent=2))
         return

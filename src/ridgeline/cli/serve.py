@@ -39,6 +39,7 @@ def serve_command(
     local_prefill_tokens: int = typer.Option(64, "--local-prefill-tokens", min=0, help="With Ray workers: prompts shorter than this are prefilled on the decode worker."),
     router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
+    hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
 ) -> None:
     if router is not None:
         from ridgeline.cli.router import run_router
@@ -50,6 +51,7 @@ def serve_command(
                       kv_cache_memory, kv_cache_dtype)
         return
     from ridgeline.cli.engine_options import engine_config
+    from ridgeline.dashboard.machine import machine_named
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
     from ridgeline import startup_clock
@@ -82,11 +84,15 @@ def serve_command(
         role=role,
         kv_bind=kv_bind,
         kv_advertise_host=kv_host,
+        hardware=hardware,
     )
     console = Console(stderr=True)
     with console.status("loading model"):
         engine = LLMEngine(config)
     console.print(engine.capacity_report, highlight=False)
+    with console.status("reading this machine's roofline for /dashboard (measured once, then cached)"):
+        machine = machine_named(hardware)  # before serving, with the engine's thread count, so no request waits on it
+    console.print(f"dashboard: http://{host}:{port}/dashboard (roofline of {machine.title})", highlight=False)
     app = create_app(engine, server_config)
     console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False, soft_wrap=True)
     run_server(app, server_config)

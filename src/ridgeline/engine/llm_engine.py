@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ridgeline.bench.model_source import load_model_shape
 from ridgeline.engine.admission import Admission, AdmissionLimits, AdmittedRequest
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, describe_capacity
@@ -25,6 +26,7 @@ from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.speculative import NgramProposer, SpeculativeConfig
 from ridgeline.engine.sequence import Sequence
+from ridgeline.engine.step_record import StepRecorder
 from ridgeline.errors import RidgelineError
 from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.transformer import ModelOptions
@@ -64,6 +66,9 @@ class LLMEngine:
         assembled = assemble_model(config.model, config.model_options(), config.kv_cache, tokenizer=True)
         self.model_name, self.model_config, self.tokenizer = assembled.name, assembled.config, assembled.tokenizer
         self.runner = assembled.runner
+        # The napkin model's view of the same file (its header only): what each step reads and computes.
+        model_path = None if config.model is None else str(config.model)
+        self.steps = StepRecorder(load_model_shape(model_path), config.kv_cache.torch_dtype.itemsize)
         self.num_pages = assembled.kv_cache.num_pages
         self.capacity_report = describe_capacity(self.model_config, config.kv_cache, self.num_pages,
                                                  config.scheduler.max_num_batched_tokens)
@@ -140,7 +145,9 @@ class LLMEngine:
     def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[range]]:
         """One forward pass over the plan's chunks: a logits row per chunk, or per token of chunks that score
         their prompt (prompt logprobs, collected here) or verify guesses. Also returns each chunk's rows."""
+        started = time.perf_counter()
         logits, counts = self.runner.forward([self._forward_chunk(chunk) for chunk in plan.chunks])
+        self.steps.record(plan, time.perf_counter() - started)
         ranges = [range(end - count, end) for end, count in zip(itertools.accumulate(counts), counts)]
         for chunk, rows in zip(plan.chunks, ranges):
             self.output_processor.collect_prompt_logprobs(chunk, logits[rows.start:rows.stop])

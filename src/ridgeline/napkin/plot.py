@@ -11,6 +11,7 @@ import numpy as np  # noqa: E402
 
 from ridgeline.napkin.measured import MeasuredPoint  # noqa: E402
 from ridgeline.napkin.roofline import Roofline  # noqa: E402
+from ridgeline.napkin.roofline_figure import FigurePoint, roofline_figure  # noqa: E402
 
 DECODE_BATCHES = (1, 4, 16, 64, 256)
 PREFILL_LENGTHS = (16, 128, 512, 2048, 8192)
@@ -25,32 +26,61 @@ def plot_roofline(
     measured: Sequence[MeasuredPoint] = (),
 ) -> Path:
     """Log-log roofline with modelled decode (per batch) and prefill (per prompt length) points on the roof."""
-    decode = [(b, roofline.decode_cost(b, context).intensity) for b in decode_batches]  # at `context` tokens each
-    prefill = [(n, roofline.prefill_cost(n).intensity) for n in prefill_lengths]
-    measured_xy = [(p, p.cost(roofline).intensity, p.attained_flops(roofline)) for p in measured]
-    intensities = [x for _, x in decode + prefill] + [x for _, x, _ in measured_xy] + [roofline.ridge]
-    x = np.logspace(np.log10(min(intensities) / 4), np.log10(max(intensities) * 4), 200)
+    return render_roofline_png(modelled_figure(roofline, context, decode_batches, prefill_lengths, measured), path)
 
-    figure, axes = plt.subplots(figsize=(8, 5.5), dpi=120)
-    axes.loglog(x, [roofline.attainable_flops(i) for i in x], color="black", linewidth=2, label="roof")
-    axes.axvline(roofline.ridge, color="grey", linestyle=":", label=f"ridge {roofline.ridge:,.0f} FLOP/B")
-    for label, points, marker, colour, prefix, offset in (
-        ("decode at batch b", decode, "o", "tab:blue", "b=", (4, -12)),
-        ("prefill of L tokens", prefill, "s", "tab:orange", "L=", (-4, 7)),
+
+def modelled_figure(
+    roofline: Roofline,
+    context: int = 0,
+    decode_batches: Sequence[int] = DECODE_BATCHES,
+    prefill_lengths: Sequence[int] = PREFILL_LENGTHS,
+    measured: Sequence[MeasuredPoint] = (),
+) -> dict:
+    """The `roofline_figure` of `ridgeline roofline --plot`: modelled points on the roof, measured ones where they ran."""
+    points = []
+    for kind, prefix, costs in (
+        ("model-decode", "b=", [(b, roofline.decode_cost(b, context)) for b in decode_batches]),  # at `context` tokens each
+        ("model-prefill", "L=", [(n, roofline.prefill_cost(n)) for n in prefill_lengths]),
     ):
-        xs = [i for _, i in points]
-        axes.scatter(xs, [roofline.attainable_flops(i) for i in xs], marker=marker, color=colour, zorder=3, label=label)
-        for n, i in points:
-            axes.annotate(f"{prefix}{n:,}", (i, roofline.attainable_flops(i)), textcoords="offset points", xytext=offset, fontsize=7, color=colour)
-    for point, intensity, flops in measured_xy:
-        axes.scatter([intensity], [flops], marker="*", s=120, color="tab:red", zorder=4)
-        axes.annotate(point.label, (intensity, flops), textcoords="offset points", xytext=(5, 4), fontsize=8, color="tab:red")
-    if measured_xy:
-        axes.scatter([], [], marker="*", s=120, color="tab:red", label="measured")
+        for n, cost in costs:
+            points.append(FigurePoint(cost.intensity, roofline.attainable_flops(cost.intensity), kind, f"{prefix}{n:,}", annotate=True))
+    for point in measured:
+        cost = point.cost(roofline)
+        points.append(FigurePoint(cost.intensity, point.attained_flops(roofline), "measured", point.label, annotate=True))
     shape, hardware = roofline.shape, roofline.hardware
-    axes.set_title(f"{shape.name} ({shape.weights}) on {hardware.title}, decode at {context:,} tokens of context", fontsize=9)
-    axes.set_xlabel("arithmetic intensity (FLOP / byte)")
-    axes.set_ylabel(f"attainable FLOP/s ({roofline.precision})")
+    title = f"{shape.name} ({shape.weights}) on {hardware.title}, decode at {context:,} tokens of context"
+    return roofline_figure(roofline, points, title)
+
+
+# How each kind of point is drawn (matplotlib's marker, size) and where its label goes.
+MARKERS = {"model-decode": ("o", 36, (4, -12)), "model-prefill": ("s", 36, (-4, 7)), "measured": ("*", 120, (5, 4))}
+STEP_MARKER = ("o", 14, (4, 4))
+
+
+def render_roofline_png(figure_data: dict, path: str | Path) -> Path:
+    """Draw a `roofline_figure` (the dashboard draws the same data on a canvas)."""
+    ridge, peak, bandwidth = figure_data["ridge"], figure_data["peak_flops"], figure_data["bandwidth"]
+    x = np.logspace(*np.log10(figure_data["x_range"]), 200)
+    figure, axes = plt.subplots(figsize=(8, 5.5), dpi=120)
+    axes.loglog(x, np.minimum(peak, bandwidth * x), color="black", linewidth=2,
+                label=f"roof: {figure_data['ceilings']['memory']}, {figure_data['ceilings']['compute']}")
+    axes.axvline(ridge, color="grey", linestyle=":", label=figure_data["ceilings"]["ridge"])
+    by_kind: dict[str, list[dict]] = {}
+    for point in figure_data["points"]:
+        by_kind.setdefault(point["kind"], []).append(point)
+    for kind, points in by_kind.items():
+        style = figure_data["kinds"][kind]
+        marker, size, offset = MARKERS.get(kind, STEP_MARKER)
+        axes.scatter([p["x"] for p in points], [p["y"] for p in points], marker=marker, s=size, color=style["colour"],
+                     alpha=1.0 if kind in MARKERS else 0.6, zorder=3, label=style["label"])
+        for p in points:
+            if p["annotate"]:
+                axes.annotate(p["label"], (p["x"], p["y"]), textcoords="offset points", xytext=offset, fontsize=7, color=style["colour"])
+    axes.set_xlim(*figure_data["x_range"])
+    axes.set_ylim(*figure_data["y_range"])
+    axes.set_title(figure_data["title"], fontsize=9)
+    axes.set_xlabel(figure_data["x_label"])
+    axes.set_ylabel(figure_data["y_label"])
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8, loc="lower right")
     return _save(figure, path)

@@ -10,10 +10,14 @@ from pydantic import BaseModel
 
 from ridgeline.cluster.kv_transfer.source import KVSource
 from ridgeline.cluster.kv_transfer.zmq_transport import ZmqKVServer, ZmqTransport, advertised
+from ridgeline.dashboard.feed import DashboardFeed
+from ridgeline.dashboard.worker import LocalWorker
 from ridgeline.errors import RidgelineError
+from ridgeline.napkin.hardware import THIS_MACHINE
 from ridgeline.server.async_engine import AsyncEngine
 from ridgeline.server.chat import create_chat_completion
 from ridgeline.server.completions import create_completion
+from ridgeline.server.dashboard import install_dashboard
 from ridgeline.server.disaggregation import ROLES, WorkerRole
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.metrics import ServerMetrics
@@ -49,6 +53,7 @@ class ServerConfig:
     kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
     request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)
     max_connections: int | None = 4096  # beyond this uvicorn answers 503 at once instead of taking the socket
+    hardware: str = THIS_MACHINE  # the machine the dashboard's roofline is drawn for (catalogue name or measured)
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
@@ -57,8 +62,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         raise RidgelineError(f"unknown role {config.role!r} (choose from {', '.join(ROLES)})")
     model_name = config.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
+    feed = DashboardFeed(engine)
     driver = AsyncEngine(engine, metrics, engine.config.scheduler.max_num_seqs, config.max_waiting,
-                         kv_transport=ZmqTransport() if config.role == "decode" else None)
+                         kv_transport=ZmqTransport() if config.role == "decode" else None, feed=feed)
     role = WorkerRole(config.role)
     kv_server: ZmqKVServer | None = None
     ctx = ServingContext(
@@ -155,4 +161,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         ctx.prompt_ids(request.tokens, "tokens")  # range check
         return JSONResponse({"prompt": ctx.tokenizer.decode(request.tokens)})
 
+    worker_role = "prefill+decode" if config.role == "both" else config.role
+    install_dashboard(app, [LocalWorker("local", worker_role, model_name, engine, feed, config.hardware)], metrics,
+                      lambda: driver.accepting)
     return app

@@ -70,7 +70,7 @@ class Submission:
 
 class AsyncEngine:
     def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int,
-                 kv_transport: KVTransport | None = None):
+                 kv_transport: KVTransport | None = None, feed=None):
         self.engine = engine
         # Held around every engine call on the engine thread, and by anything else that must touch the engine (a
         # prefill worker's KV source reading held pages from its own thread).
@@ -78,6 +78,7 @@ class AsyncEngine:
         self.kv_transport = kv_transport  # a decode worker's: how it pulls pages from prefill workers
         self._deferred: list[ReceiveKV] = []  # no pages free for them yet
         self.metrics = metrics
+        self.feed = feed  # the dashboard's DashboardFeed: sees every step's outputs on this thread
         # Admission bound: at most max_num_seqs running plus max_waiting queued; past it, 503.
         self.capacity = max_num_seqs + max_waiting
         self.accepting = True
@@ -184,6 +185,8 @@ class AsyncEngine:
                     if stopping:  # after the shutdown's aborts, so their pages are back in the pool
                         return
                     outputs = self.engine.step() if self.engine.has_work() else []
+                    if self.feed is not None:  # the dashboard's view of the engine, taken under its lock
+                        self.feed.observe(outputs)
                 self.metrics.observe_engine(self.engine.stats())
                 for output in outputs:
                     if output.finished:

@@ -16,6 +16,7 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()
+        self.model_name = model_name
         labels = {"model_name": model_name}
 
         def histogram(name: str, doc: str) -> Histogram:

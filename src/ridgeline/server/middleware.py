@@ -10,10 +10,12 @@ import json
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ridgeline.server.dashboard import OPEN_DASHBOARD_PATHS
 from ridgeline.server.errors import error_body
 
-# Paths a load balancer or Prometheus may reach without the key (as vLLM does).
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Paths a load balancer or Prometheus may reach without the key (as vLLM does), and the dashboard's page and
+# assets: code only, whose data requests carry the key (server/dashboard.py).
+OPEN_PATHS = frozenset({"/health", "/metrics"}) | OPEN_DASHBOARD_PATHS
 
 
 async def _send_error(send: Send, status: int, message: str, code: str | None = None, extra_headers=()) -> None:

@@ -1,0 +1,145 @@
+"""The engine's own record of each step: what the forward pass computed, what it cost in the napkin model's
+terms (bytes of weights and KV read, FLOPs) and how long it took, kept in a ring buffer of the last steps.
+
+The costs come from the same per-token formulas as `ridgeline roofline` (ModelShape), applied to what the
+scheduler actually batched: the weights are read once per step whatever the rows, a decode row at context c
+reads c positions' KV and attends them, and a prefill chunk of n tokens starting at position s reads the
+prefix's KV, writes its own, and attends causally. So a decode-only step at batch B costs exactly
+`Roofline.decode_cost(B, c)` and a whole prompt in one chunk `Roofline.prefill_cost(L)`; a mixed step is the
+sum of its rows with one read of the weights.
+
+Recording runs on the engine thread after every forward pass, so it stays a few microseconds per row
+(benchmarks/step_record_overhead.py measures it against the step); readers on other threads copy under a lock.
+"""
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from ridgeline.engine.scheduler import SchedulerOutput
+from ridgeline.napkin.model_shape import ModelShape
+
+DEFAULT_CAPACITY = 4096  # steps kept; a few minutes of decode at ~20 ms a step
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    start: int  # position of the chunk's first token (tokens before it were cached or computed earlier)
+    tokens: int
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    index: int  # 0, 1, 2, ... since the engine started
+    timestamp: float  # wall clock (time.time()) when the forward pass ended
+    seconds: float  # the forward pass
+    tokens: int  # rows computed: prefill tokens, one per decode row, plus any speculative guesses verified
+    decode_contexts: tuple[int, ...]  # one per decode row: tokens already cached for that sequence
+    prefill_chunks: tuple[PrefillChunk, ...]
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+
+    @property
+    def decode_rows(self) -> int:
+        return len(self.decode_contexts)
+
+    @property
+    def prefill_rows(self) -> int:
+        return len(self.prefill_chunks)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(chunk.tokens for chunk in self.prefill_chunks)
+
+    @property
+    def nbytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte read or written (the roofline's x axis)."""
+        return self.flops / self.nbytes
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s (the roofline's y axis)."""
+        return self.flops / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def kind(self) -> str:
+        """'decode', 'prefill' or 'mixed' (decode rows riding along with a prefill chunk)."""
+        if not self.prefill_chunks:
+            return "decode"
+        return "mixed" if self.decode_contexts else "prefill"
+
+    def to_json(self) -> dict:
+        contexts = self.decode_contexts
+        return {
+            "index": self.index,
+            "timestamp": self.timestamp,
+            "seconds": self.seconds,
+            "kind": self.kind,
+            "tokens": self.tokens,
+            "decode_rows": self.decode_rows,
+            "prefill_rows": self.prefill_rows,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_context": {"min": min(contexts), "mean": sum(contexts) / len(contexts), "max": max(contexts)}
+            if contexts else None,
+            "prefill_chunks": [{"start": c.start, "tokens": c.tokens} for c in self.prefill_chunks],
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes": self.kv_bytes,
+            "flops": self.flops,
+            "intensity": self.intensity,
+            "flops_per_s": self.flops_per_s,
+        }
+
+
+class StepRecorder:
+    """Ring buffer of StepRecords for one engine (one model, one KV element size)."""
+
+    def __init__(self, shape: ModelShape, kv_dtype_bytes: float, capacity: int = DEFAULT_CAPACITY):
+        self.shape = shape
+        self.kv_dtype_bytes = kv_dtype_bytes
+        self._steps: deque[StepRecord] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._next_index = 0
+
+    def record(self, plan: SchedulerOutput, seconds: float) -> StepRecord:
+        """Cost one forward pass over `plan`'s chunks that took `seconds`, and keep it."""
+        shape, kv_dtype = self.shape, self.kv_dtype_bytes
+        contexts = []
+        prefills = []
+        flops = kv_bytes = 0.0
+        for chunk in plan.chunks:
+            start, end = chunk.start, chunk.start + chunk.num_tokens
+            # Causal attention of rows start..end-1 (one row: exactly attention_flops_per_token(start)).
+            flops += shape.prefill_attention_flops(end) - shape.prefill_attention_flops(start)
+            if chunk.samples and chunk.num_tokens == 1 + len(chunk.draft_token_ids):
+                # A decode row (with any speculative guesses riding along): reads its sequence's cached KV.
+                contexts.append(start)
+                kv_bytes += shape.kv_bytes_for_context(start, kv_dtype)
+            else:
+                prefills.append(PrefillChunk(start, chunk.num_tokens))
+                kv_bytes += shape.kv_bytes_for_context(end, kv_dtype)  # the prefix read, the chunk written
+        tokens = plan.num_batched_tokens
+        flops += tokens * shape.matmul_flops_per_token()
+        with self._lock:
+            step = StepRecord(self._next_index, time.time(), seconds, tokens, tuple(contexts), tuple(prefills),
+                              shape.weight_bytes_read(tokens), kv_bytes, flops)
+            self._next_index += 1
+            self._steps.append(step)
+        return step
+
+    @property
+    def num_recorded(self) -> int:
+        return self._next_index
+
+    def recent(self, after: int = -1, limit: int | None = None) -> list[StepRecord]:
+        """Kept steps with index > `after`, oldest first; at most the `limit` newest of them."""
+        with self._lock:
+            steps = list(self._steps)
+        if after >= 0:  # indices are consecutive, so the wanted ones are a tail
+            steps = steps[len(steps) - min(len(steps), max(0, self._next_index - 1 - after)):]
+        return steps[-limit:] if limit else steps
