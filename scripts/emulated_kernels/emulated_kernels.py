@@ -9,6 +9,7 @@ stand-ins for the few SIMDe 0.7 lacks (include/immintrin.h), and hands it to the
 Emulated intrinsics are slow (a build takes minutes, run it under the CPU lock) and say nothing about speed.
 """
 
+import functools
 from pathlib import Path
 
 from torch.utils.cpp_extension import load
@@ -22,4 +23,5 @@ module = load(name="ridgeline_emulated_kernels", sources=[str(HERE / "harness.cp
 
 import ridgeline.model.native as native  # noqa: E402  (after the build: kernels.py binds compiled() on import)
 
-native.compiled = lambda: module
+native.compiled = functools.cache(lambda: module)
+native.missing_cpu_flags = lambda: []  # tests/compiled_kernels.py skips on the CPU's flags: these stand in for them
