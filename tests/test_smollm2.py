@@ -41,7 +41,7 @@ def tokenizer(checkpoint):
 
 @pytest.fixture(scope="module")
 def runner(checkpoint):
-    return make_runner(checkpoint, "quantized", num_blocks=16)
+    return make_runner(checkpoint, "quantized", num_blocks=32)  # one 512-token window
 
 
 def test_loads_with_q4_1_weights_kept_quantised(runner):
@@ -107,7 +107,7 @@ def test_free_running_greedy_continuations_equal_llamacpp_over_confident_steps(l
 
 def test_perplexity_of_the_first_windows_within_one_percent_of_llamacpp(runner, tokenizer):
     """The whole text is the slow test below; three windows keep this one to seconds."""
-    from ridgeline.evaluate.perplexity import perplexity
+    from ridgeline.bench.perplexity import perplexity
 
     reference = REFERENCE["perplexity"]
     windows = 3
