@@ -1,4 +1,4 @@
-"""Shared by tests that compare against llama.cpp's recorded outputs on the default model."""
+"""Shared by tests that compare against llama.cpp's recorded outputs (the default model's, SmolLM2's)."""
 
 import json
 from pathlib import Path
@@ -8,8 +8,8 @@ import torch
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"  # copied in: a clone tests itself
 
 
-def load_reference() -> dict:
-    return json.loads((REFERENCE_DIR / "llamacpp_gemma3_270m_q4km.json").read_text())
+def load_reference(name: str = "llamacpp_gemma3_270m_q4km.json") -> dict:
+    return json.loads((REFERENCE_DIR / name).read_text())
 
 
 def teacher_forced_logits(runner, ids: list[int]) -> torch.Tensor:

@@ -70,10 +70,10 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_tensor_type(tmp_path):
-    q2_k = gguf.GGMLQuantizationType.Q2_K
-    block_bytes = gguf.GGML_QUANT_SIZES[q2_k][1]
-    path = write_gguf(tmp_path / "q2k.gguf", "llama", {"token_embd.weight": (np.zeros((16, block_bytes), np.uint8), q2_k)})
-    assert_one_line_error(run_cli("inspect", str(path)), "unsupported type", "Q2_K")
+    iq2_xxs = gguf.GGMLQuantizationType.IQ2_XXS  # a type still not read
+    block_bytes = gguf.GGML_QUANT_SIZES[iq2_xxs][1]
+    path = write_gguf(tmp_path / "iq2.gguf", "llama", {"token_embd.weight": (np.zeros((16, block_bytes), np.uint8), iq2_xxs)})
+    assert_one_line_error(run_cli("inspect", str(path)), "unsupported type", "IQ2_XXS")
 
 
 def test_prompt_longer_than_context(tmp_path):

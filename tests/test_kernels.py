@@ -1,5 +1,8 @@
 """The quantised kernels against gguf's reference dequantisation, for every supported GGUF type.
 
+Random blocks are built byte-wise (random_blocks.py), so types gguf cannot quantise to (the K-quants, the
+IQ4 codebook types, MXFP4) are covered with every bit pattern their quants allow.
+
 The int8 gemv quantises each activation block of 32 to int8 (scale = max|x| / 127, round to nearest) and is
 otherwise exact, so it is compared with that same quantisation applied to a float64 dequantise-then-matmul:
 agreement to float32 rounding (rel 1e-4) shows the layout and the integer arithmetic are right. Against the
@@ -16,13 +19,18 @@ from gguf import GGMLQuantizationType as T
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import QUANT_BITS, dequantize_reference, pack
 from ridgeline.model.quant.random_blocks import random_stored
+from ridgeline.model.weights import QUANTIZED_TYPES
 
-SIMPLE = (T.Q8_0, T.Q4_0, T.Q5_0)
-K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+SIMPLE = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.MXFP4)  # blocks of 32
+K_QUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)  # super-blocks of 256
 # (output rows, input dim): one row; rows not a multiple of the 16-row interleaved block (padded), over
 # several blocks; one and several scale groups.
 SHAPES = {t: [(1, 32), (37, 96), (9, 640)] for t in SIMPLE} | {t: [(1, 256), (37, 256), (9, 768)] for t in K_QUANTS}
 CASES = [(qtype, shape) for qtype, shapes in SHAPES.items() for shape in shapes]
+
+
+def test_every_type_the_loader_accepts_is_packed_and_tested():
+    assert set(QUANTIZED_TYPES) == set(QUANT_BITS) == set(SHAPES)
 
 
 def int8_activations(x: torch.Tensor) -> torch.Tensor:
@@ -67,6 +75,16 @@ def test_gemv_is_a_matmul_with_int8_activations(qtype, shape, activation_rows):
 
 
 @needs_compiled
+@pytest.mark.parametrize("qtype", list(QUANT_BITS), ids=lambda t: t.name)
+def test_gemv_rows_do_not_depend_on_their_batch(qtype):
+    packed = pack(random_stored(qtype, (40, 512), seed=8))
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(9))
+    together = kernels.gemv(packed, x)  # a tile of 8 rows, then one of 3
+    for i in (0, 5, 9):
+        assert torch.equal(kernels.gemv(packed, x[i : i + 1])[0], together[i])
+
+
+@needs_compiled
 def test_gemv_handles_zero_and_non_contiguous_activations():
     packed = pack(random_stored(T.Q4_K, (8, 256), seed=5))
     assert torch.equal(kernels.gemv(packed, torch.zeros(2, 256)), torch.zeros(2, 8))
@@ -88,6 +106,6 @@ def test_torch_fallback_is_an_exact_dequantised_matmul(qtype, monkeypatch):
 def test_packed_weights_stay_near_their_file_size(qtype):
     stored = random_stored(qtype, (16, 1024), seed=7)
     packed = pack(stored)
-    # Only Q4_K/Q5_K grow: their 6-bit sub-block scales and mins are unpacked to a byte each.
-    allowance = 0.125 if qtype in (T.Q4_K, T.Q5_K) else 0.0
+    # Only types with sub-byte sub-block scales grow: those are unpacked to a byte each.
+    allowance = {T.Q4_K: 0.125, T.Q5_K: 0.125, T.Q3_K: 0.125, T.IQ4_XS: 0.0625}.get(qtype, 0.0)
     assert packed.bits_per_weight == pytest.approx(stored.bits_per_weight + allowance)

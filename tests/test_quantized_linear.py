@@ -6,6 +6,7 @@ from gguf import GGMLQuantizationType as T
 
 from ridgeline.errors import UnsupportedError
 from ridgeline.model.quant import QuantizedLinear
+from ridgeline.model.quant.packing import QUANT_BITS
 from ridgeline.model.quant.random_blocks import random_stored
 from ridgeline.model.weights import StoredTensor
 
@@ -21,8 +22,10 @@ def relative_error(y: torch.Tensor, expected: torch.Tensor) -> float:
     return ((y.double() - expected.double()).norm() / expected.double().norm()).item()
 
 
+@pytest.mark.parametrize("qtype", list(QUANT_BITS), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, 5, 40])
-def test_forward_matches_dequantised_linear_with_bias_on_both_paths(stored, rows):
+def test_forward_matches_dequantised_linear_with_bias_on_both_paths(qtype, rows):
+    stored = random_stored(qtype, (OUT, IN), seed=11)
     bias = torch.randn(OUT)
     x = torch.randn(rows, IN)
     expected = torch.nn.functional.linear(x, stored.dequantize(), bias)

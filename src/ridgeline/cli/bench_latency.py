@@ -11,7 +11,7 @@ from ridgeline.cli.app import bench_app
 
 @bench_app.command("latency", help="Prompt processing (pp) and generation (tg) tok/s, bytes per decode token and % of the bandwidth ceiling.")
 def latency_command(
-    model: str = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
+    model: str = typer.Option(None, "--model", help="GGUF file, HF directory or smollm2 (default: the bundled model)."),
     prompt_tokens: int = typer.Option(512, "-p", "--prompt-tokens", min=0, help="Prompt length for the pp test (0 skips it)."),
     gen_tokens: int = typer.Option(128, "-n", "--gen-tokens", min=0, help="Tokens generated in the tg test (0 skips it)."),
     threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),

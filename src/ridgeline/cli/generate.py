@@ -13,7 +13,7 @@ from ridgeline.cli.engine_options import engine_config
 @app.command("generate", help="Generate a completion for PROMPT, streaming tokens as they are produced.")
 def generate_command(
     prompt: str = typer.Argument(..., help="The prompt text."),
-    model: Path = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: bundled Gemma 3 270M Q4_K_M)."),
+    model: Path = typer.Option(None, "--model", "-m", help="GGUF file, HF directory or smollm2 (default: bundled Gemma 3 270M Q4_K_M)."),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", help="Most tokens to generate."),
     temperature: float = typer.Option(0.8, "--temperature", "-t", help="Sampling temperature; 0 = greedy."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling: keep the smallest set with this much probability."),

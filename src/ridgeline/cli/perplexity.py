@@ -14,7 +14,7 @@ from ridgeline.errors import RidgelineError
                                 "(as llama-perplexity -c CTX -b CTX). Prints PPL = value ± uncertainty.")
 def perplexity_command(
     file: Path = typer.Argument(..., help="UTF-8 text file to score."),
-    model: Path = typer.Option(None, "--model", "-m", help="GGUF file or HF directory (default: bundled model)."),
+    model: Path = typer.Option(None, "--model", "-m", help="GGUF file, HF directory or smollm2 (default: bundled model)."),
     ctx: int = typer.Option(512, "--ctx", "-c", help="Window length in tokens."),
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
     weights: str = typer.Option("quantized", "--weights", help="quantized (as stored, the engine's path), bf16 or f32 "
@@ -57,6 +57,7 @@ def perplexity_command(
         def on_window(done: int, total: int, running: float) -> None:
             progress.update(task, completed=done, description=f"scoring (PPL so far {running:.4f})")
 
-        result = perplexity(runner, ids, tokenizer.bos_id, ctx, on_window)
+        # llama-perplexity puts BOS in each window's first slot only where the vocabulary adds one (SmolLM2's doesn't)
+        result = perplexity(runner, ids, tokenizer.bos_id if tokenizer.add_bos else None, ctx, on_window)
     console.print(f"{result.windows} windows of {ctx} tokens, {result.scored_tokens} tokens scored")
     console.print(f"PPL = {result.perplexity:.4f} ± {result.uncertainty:.4f}", highlight=False)

@@ -1,18 +1,21 @@
 // Kernels for GGML block-quantised weights in ridgeline's packed layout (see model/quant/packing.py).
 //
-// Every supported type is held as unsigned quants u (4, 5, 6 or 8 bits) plus per-group scales, so a weight is
-// w = a_g * u - b_g with (a_g, b_g) constant over a group of 32 weights (16 for Q6_K). Output rows are
-// interleaved in blocks of 16: a "step" is 4 consecutive input weights of all 16 rows, 64 bytes, byte 4r + i =
-// row r, weight 4 * step + i. That is the shape of one VPDPBUSD: 16 int32 lanes, one per output row, each
-// summing 4 u8 x s8 products, with the 4 activation bytes broadcast. So a row block's 16 results build up in
-// one register with no horizontal sums, and each decoded weight vector serves every activation row of a tile.
+// Every supported type is held as unsigned quants u (2 to 8 bits) plus per-group scales, so a weight is
+// w = a_g * (u - offset) - b_g with (a_g, b_g) constant over a group of 32 weights (16 for Q6_K, Q2_K, Q3_K).
+// The non-linear types (IQ4_NL, IQ4_XS, MXFP4) hold a 4-bit index into a 16-entry int8 codebook; one byte
+// shuffle per 64 weights turns indices into u = value + 128 as they are decoded. Output rows are interleaved in
+// blocks of 16: a "step" is 4 consecutive input weights of all 16 rows, 64 bytes, byte 4r + i = row r, weight
+// 4 * step + i. That is the shape of one VPDPBUSD: 16 int32 lanes, one per output row, each summing 4 u8 x s8
+// products, with the 4 activation bytes broadcast. So a row block's 16 results build up in one register with
+// no horizontal sums, and each decoded weight vector serves every activation row of a tile.
 // Per row block, planes hold:
 //   8-bit types:  quants  64 bytes per step
-//   4/5/6-bit:    quants  64 bytes per pair of steps (2j, 2j+1): low nibble = step 2j, high nibble = step 2j+1
-//   5-bit:        high    per step one little-endian 64-bit mask: bit i = bit 4 of byte i
-//   6-bit:        high    per step two masks: bit 4, then bit 5
-//   scales:       per group, 16 values (one per row): d (fp16; per group, or per 256 for K-quants),
-//                 dmin (fp16 per 256), sc and m (u8 per group; Q6_K: i8 sc per 16)
+//   4 to 6 bits:  quants  64 bytes per pair of steps (2j, 2j+1): low nibble = step 2j, high nibble = step 2j+1
+//   2 and 3 bits: quants  64 bytes per 4 steps (4j .. 4j+3), step 4j + i in bits 2i, 2i+1
+//   high bits:    high    per step, one little-endian 64-bit mask per bit above the low ones (bit i = byte i)
+//   scales:       per group, 16 values (one per row): d (fp16; per group, or per 256 for K-quants and IQ4_XS),
+//                 dmin (fp16 per 256; Q4_1/Q5_1: the group's m per group), sc (u8 or i8 per group; Q2_K:
+//                 sc | m << 4; MXFP4: e8m0 exponent) and m (u8 per group, Q4_K/Q5_K)
 //
 // gemv: the memory-bound path. Activation rows are quantised to int8 blocks of 32 (llama.cpp's Q8_0 idea) and
 // the weight bytes are read once per call. dequantize: the compute-bound path's first half (a torch GEMM does
@@ -30,21 +33,38 @@
 
 namespace {
 
-enum QType : int { Q8_0 = 8, Q4_0 = 2, Q5_0 = 6, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // GGML's type ids
+enum QType : int {  // GGML's type ids
+    Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+    IQ4_NL = 20, IQ4_XS = 23, MXFP4 = 39,
+};
 
 constexpr int kRows = 16;     // output rows per interleaved block
 constexpr int kMaxTile = 8;   // activation rows sharing one pass over a weight block
 
 template <int QT>
-constexpr int group_steps() { return QT == Q6_K ? 4 : 8; }  // steps of 4 weights under one scale
+constexpr int group_steps() { return QT == Q6_K || QT == Q2_K || QT == Q3_K ? 4 : 8; }  // steps under one scale
+
+template <int QT>
+constexpr int low_bits() { return QT == Q8_0 ? 8 : QT == Q2_K || QT == Q3_K ? 2 : 4; }
+
+template <int QT>
+constexpr int high_bits() { return QT == Q5_0 || QT == Q5_1 || QT == Q5_K || QT == Q3_K ? 1 : QT == Q6_K ? 2 : 0; }
+
+template <int QT>
+constexpr bool has_codebook() { return QT == IQ4_NL || QT == IQ4_XS || QT == MXFP4; }
 
 template <int QT>
 constexpr int32_t quant_offset() {  // w = a * (u - offset) for the types whose b is a multiple of a
-    return QT == Q8_0 ? 128 : QT == Q4_0 ? 8 : QT == Q5_0 ? 16 : QT == Q6_K ? 32 : 0;
+    return QT == Q8_0 || has_codebook<QT>() ? 128 : QT == Q4_0 ? 8 : QT == Q5_0 ? 16 : QT == Q6_K ? 32 : QT == Q3_K ? 4 : 0;
 }
 
 template <int QT>
-constexpr bool has_mins() { return QT == Q4_K || QT == Q5_K; }
+constexpr bool has_mins() { return QT == Q4_K || QT == Q5_K || QT == Q2_K || QT == Q4_1 || QT == Q5_1; }
+
+// The int8 codebooks + 128 (gguf.quants: IQ4_NL.kvalues, MXFP4.kvalues), 16 bytes repeated per 128-bit lane.
+alignas(16) constexpr uint8_t kIQ4Codebook[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+alignas(16) constexpr uint8_t kMXFP4Codebook[16] = {128, 129, 130, 131, 132, 134, 136, 140,
+                                                    128, 127, 126, 125, 124, 122, 120, 116};
 
 // Pointers to one row block's planes.
 struct Block {
@@ -86,40 +106,57 @@ inline __m512 bytes_to_float(const T* p) {  // 16 u8 (or i8) -> 16 floats
 // Steps 2j and 2j+1 of a block as two vectors of 64 unsigned quants.
 template <int QT>
 inline void decode_pair(const Block& w, int64_t j, __m512i& u0, __m512i& u1) {
-    if constexpr (QT == Q8_0) {
+    if constexpr (low_bits<QT>() == 8) {
         u0 = _mm512_loadu_si512(w.quants + 128 * j);
         u1 = _mm512_loadu_si512(w.quants + 128 * j + 64);
-    } else {
+    } else if constexpr (low_bits<QT>() == 4) {
         const __m512i nibble = _mm512_set1_epi8(0x0F);
         const __m512i packed = _mm512_loadu_si512(w.quants + 64 * j);
         u0 = _mm512_and_si512(packed, nibble);
         u1 = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-        const __m512i bit4 = _mm512_set1_epi8(0x10);
-        if constexpr (QT == Q5_0 || QT == Q5_K) {
-            u0 = _mm512_mask_add_epi8(u0, load_mask(w.high + 16 * j), u0, bit4);
-            u1 = _mm512_mask_add_epi8(u1, load_mask(w.high + 16 * j + 8), u1, bit4);
-        } else if constexpr (QT == Q6_K) {
-            const __m512i bit5 = _mm512_set1_epi8(0x20);
-            const uint8_t* h = w.high + 32 * j;
-            u0 = _mm512_mask_add_epi8(u0, load_mask(h), u0, bit4);
-            u0 = _mm512_mask_add_epi8(u0, load_mask(h + 8), u0, bit5);
-            u1 = _mm512_mask_add_epi8(u1, load_mask(h + 16), u1, bit4);
-            u1 = _mm512_mask_add_epi8(u1, load_mask(h + 24), u1, bit5);
-        }
+    } else {  // 2 bits: pair j is half j % 2 of the 64 bytes holding steps 4 (j / 2) .. 4 (j / 2) + 3
+        const __m512i field = _mm512_set1_epi8(0x03);
+        const __m512i packed = _mm512_loadu_si512(w.quants + 64 * (j / 2));
+        const __m512i pair = (j & 1) ? _mm512_srli_epi16(packed, 4) : packed;
+        u0 = _mm512_and_si512(pair, field);
+        u1 = _mm512_and_si512(_mm512_srli_epi16(pair, 2), field);
+    }
+    constexpr int nh = high_bits<QT>();
+    for (int i = 0; i < nh; ++i) {  // per step, one mask per bit above the low ones
+        const __m512i bit = _mm512_set1_epi8(static_cast<char>(1 << (low_bits<QT>() + i)));
+        u0 = _mm512_mask_add_epi8(u0, load_mask(w.high + 8 * (nh * 2 * j + i)), u0, bit);
+        u1 = _mm512_mask_add_epi8(u1, load_mask(w.high + 8 * (nh * (2 * j + 1) + i)), u1, bit);
+    }
+    if constexpr (has_codebook<QT>()) {  // index -> value + 128, one byte shuffle per 64 weights
+        const __m512i table = _mm512_broadcast_i32x4(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(QT == MXFP4 ? kMXFP4Codebook : kIQ4Codebook)));
+        u0 = _mm512_shuffle_epi8(table, u0);
+        u1 = _mm512_shuffle_epi8(table, u1);
     }
 }
 
-// Per row of the block, scale a and (K-quants with mins only) offset b of group g.
+// Per row of the block, scale a and (types with mins only) offset b of group g.
 template <int QT>
 inline void group_scales(const Block& w, int64_t g, __m512& a, __m512& b) {
-    if constexpr (QT == Q8_0 || QT == Q4_0 || QT == Q5_0) {
+    if constexpr (QT == Q8_0 || QT == Q4_0 || QT == Q5_0 || QT == IQ4_NL) {
         a = fp16x16(w.d + kRows * g);
-    } else if constexpr (has_mins<QT>()) {
+    } else if constexpr (QT == Q4_1 || QT == Q5_1) {  // w = d u + m
+        a = fp16x16(w.d + kRows * g);
+        b = _mm512_sub_ps(_mm512_setzero_ps(), fp16x16(w.dmin + kRows * g));
+    } else if constexpr (QT == Q4_K || QT == Q5_K) {
         const int64_t super = g / 8;  // 8 groups of 32 per super-block of 256
         a = _mm512_mul_ps(fp16x16(w.d + kRows * super), bytes_to_float(w.sc + kRows * g));
         b = _mm512_mul_ps(fp16x16(w.dmin + kRows * super), bytes_to_float(w.m + kRows * g));
-    } else {  // Q6_K: 16 groups of 16 per super-block
-        a = _mm512_mul_ps(fp16x16(w.d + kRows * (g / 16)),
+    } else if constexpr (QT == Q2_K) {  // 16 groups of 16; sc in the low nibble, m in the high one
+        const __m512i packed = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + kRows * g)));
+        const __m512i low = _mm512_and_si512(packed, _mm512_set1_epi32(0x0F));
+        a = _mm512_mul_ps(fp16x16(w.d + kRows * (g / 16)), _mm512_cvtepi32_ps(low));
+        b = _mm512_mul_ps(fp16x16(w.dmin + kRows * (g / 16)), _mm512_cvtepi32_ps(_mm512_srli_epi32(packed, 4)));
+    } else if constexpr (QT == MXFP4) {  // 2^(e - 128), exact (scalef also yields the denormal ones)
+        a = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(bytes_to_float(w.sc + kRows * g), _mm512_set1_ps(128.0f)));
+    } else {  // Q6_K, Q3_K: 16 groups of 16 per super-block; IQ4_XS: 8 groups of 32. Signed scales.
+        constexpr int per_super = QT == IQ4_XS ? 8 : 16;
+        a = _mm512_mul_ps(fp16x16(w.d + kRows * (g / per_super)),
                           bytes_to_float(reinterpret_cast<const int8_t*>(w.sc) + kRows * g));
     }
 }
@@ -128,7 +165,7 @@ inline void group_scales(const Block& w, int64_t g, __m512& a, __m512& b) {
 struct QuantizedActivation {
     const int8_t* q;
     const float* scale;    // per 32
-    const int32_t* sum16;  // sum of q per 16 (Q6_K groups)
+    const int32_t* sum16;  // sum of q per 16 (groups of 16)
     const int32_t* sum32;  // sum of q per 32
 };
 
@@ -161,7 +198,7 @@ inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation*
         group_scales<QT>(w, g, a, b);
         __m512i dot0[MT], dot1[MT];
         for (int t = 0; t < MT; ++t) {  // start from -offset * sum(q): the u - offset of every weight, in integers
-            const int32_t qsum = QT == Q6_K ? x[t].sum16[g] : x[t].sum32[g];
+            const int32_t qsum = steps == 4 ? x[t].sum16[g] : x[t].sum32[g];
             dot0[t] = _mm512_set1_epi32(-offset * qsum);
             dot1[t] = _mm512_setzero_si512();
         }
@@ -182,11 +219,12 @@ inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation*
             }
         }
         for (int t = 0; t < MT; ++t) {
-            const float xs = QT == Q6_K ? x[t].scale[g / 2] : x[t].scale[g];
+            const float xs = steps == 4 ? x[t].scale[g / 2] : x[t].scale[g];
             const __m512i dot = two_chains ? _mm512_add_epi32(dot0[t], dot1[t]) : dot0[t];
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(a, _mm512_set1_ps(xs)), acc[t]);
             if constexpr (has_mins<QT>()) {
-                acc[t] = _mm512_fnmadd_ps(b, _mm512_set1_ps(xs * static_cast<float>(x[t].sum32[g])), acc[t]);
+                const int32_t qsum = steps == 4 ? x[t].sum16[g] : x[t].sum32[g];
+                acc[t] = _mm512_fnmadd_ps(b, _mm512_set1_ps(xs * static_cast<float>(qsum)), acc[t]);
             }
         }
     }
@@ -230,9 +268,16 @@ void dispatch(int64_t qtype, F&& f) {
         case Q8_0: f(std::integral_constant<int, Q8_0>{}); break;
         case Q4_0: f(std::integral_constant<int, Q4_0>{}); break;
         case Q5_0: f(std::integral_constant<int, Q5_0>{}); break;
+        case Q4_1: f(std::integral_constant<int, Q4_1>{}); break;
+        case Q5_1: f(std::integral_constant<int, Q5_1>{}); break;
+        case Q2_K: f(std::integral_constant<int, Q2_K>{}); break;
+        case Q3_K: f(std::integral_constant<int, Q3_K>{}); break;
         case Q4_K: f(std::integral_constant<int, Q4_K>{}); break;
         case Q5_K: f(std::integral_constant<int, Q5_K>{}); break;
         case Q6_K: f(std::integral_constant<int, Q6_K>{}); break;
+        case IQ4_NL: f(std::integral_constant<int, IQ4_NL>{}); break;
+        case IQ4_XS: f(std::integral_constant<int, IQ4_XS>{}); break;
+        case MXFP4: f(std::integral_constant<int, MXFP4>{}); break;
         default: TORCH_CHECK(false, "ridgeline quant kernels: unsupported GGML type ", qtype);
     }
 }

