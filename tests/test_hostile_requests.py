@@ -81,7 +81,7 @@ def test_logprobs_at_the_limit_are_answered_and_past_it_refused(server):
     logprobs = at_limit.json()["choices"][0]["logprobs"]
     # Keyed by token text, as OpenAI's legacy format is: ids that decode alike (byte pieces) share a key.
     assert all(0 < len(top) <= 20 for top in logprobs["top_logprobs"][1:])
-    assert sum(len(top) for top in logprobs["top_logprobs"][1:]) > 15 * (len(logprobs["top_logprobs"]) - 1)
+    assert sum(len(top) for top in logprobs["top_logprobs"][1:]) > 10 * (len(logprobs["top_logprobs"]) - 1)
     assert_refused(post(server, "/v1/completions", {"prompt": "hi", "logprobs": 21}), "logprobs", "must be in [0, 20]")
     chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "max_tokens": 2}
     assert post(server, "/v1/chat/completions", {**chat, "top_logprobs": 20}).status_code == 200

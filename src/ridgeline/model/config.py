@@ -71,7 +71,7 @@ class ModelConfig:
         metadata_int("vocab_size", self.vocab_size, low=0)  # 0: taken from the embedding's rows afterwards
         for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "max_context"):
             metadata_int(name, getattr(self, name))
-        metadata_int("num_layers", self.num_layers, high=MAX_LAYERS)
+        metadata_int("num_layers", self.num_layers, low=0, high=MAX_LAYERS)  # 0: header and vocabulary alone
         if self.sliding_window is not None:
             metadata_int("sliding_window", self.sliding_window)
         for name in ("rms_norm_eps", "rope_theta", "rope_linear_factor", "embedding_scale"):

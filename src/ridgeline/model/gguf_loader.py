@@ -31,8 +31,8 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
             raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
-    def count(key: str, default=None, high: int = MAX_COUNT) -> int:
-        return metadata_int(f"{arch}.{key}", get(key, default), high=high)
+    def count(key: str, default=None, high: int = MAX_COUNT, low: int = 1) -> int:
+        return metadata_int(f"{arch}.{key}", get(key, default), low=low, high=high)
 
     def number(key: str, default=None) -> float:
         return metadata_float(f"{arch}.{key}", get(key, default))
@@ -41,7 +41,7 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
     heads = count("attention.head_count")
     kv_heads = count("attention.head_count_kv", heads)
     head_dim = count("attention.key_length", max(hidden // heads, 1))
-    layers = count("block_count", high=MAX_LAYERS)
+    layers = count("block_count", high=MAX_LAYERS, low=0)  # 0: a file of header and vocabulary alone (harmless)
     vocab = meta.get(f"{arch}.vocab_size")  # else the embedding's rows (set by load_gguf), not the token list's length
     rope_linear = 1.0
     if meta.get(f"{arch}.rope.scaling.type") == "linear":

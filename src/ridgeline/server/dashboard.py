@@ -78,12 +78,12 @@ def install_dashboard(app: FastAPI, workers: list[LocalWorker], metrics: ServerM
             after[update["id"]] = update["last_step"]
         return {"workers": updates, "latency": local.feed.latency(), "counters": counters(metrics)}
 
-    @app.get("/dashboard")
+    @app.get("/dashboard", include_in_schema=False)  # a page for browsers, not an API
     async def page() -> Response:
         return HTMLResponse(asset("index.html"), headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_POLICY,
                                                           "Referrer-Policy": "no-referrer"})
 
-    @app.get("/dashboard/assets/{name}")
+    @app.get("/dashboard/assets/{name}", include_in_schema=False)
     async def dashboard_asset(name: str) -> Response:
         if name not in ASSETS:
             raise APIError(404, f"no dashboard asset {name!r}", code="not_found")
@@ -96,7 +96,7 @@ def install_dashboard(app: FastAPI, workers: list[LocalWorker], metrics: ServerM
         return JSONResponse({"workers": described, "latency": local.feed.latency(), "counters": counters(metrics),
                              "interval_s": interval})
 
-    @app.get("/dashboard/events")
+    @app.get("/dashboard/events", include_in_schema=False)  # server-sent events for the page
     async def events(request: Request) -> Response:
         after = parse_after(request.query_params.get("after", ""), by_id)
         await asyncio.to_thread(local.roofline)  # the first call may measure this machine
