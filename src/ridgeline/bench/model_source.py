@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ridgeline.errors import ModelLoadError, RidgelineError
-from ridgeline.model.smollm2_model import SMOLLM2_NAME  # read_checkpoint's name for the second real model
 from ridgeline.napkin.model_shape import NO_WEIGHTS, ModelShape, WeightGroup
 from ridgeline.napkin.model_specs import MODEL_SPECS, model_spec
 
@@ -25,7 +24,8 @@ def load_model_shape(model: str | None, weights: str | None = None) -> ModelShap
         return model_spec(model).shape(weights)
     if weights is not None:
         raise RidgelineError(f"--weights applies to built-in specs ({', '.join(MODEL_SPECS)}); a file is read as stored")
-    if model is not None and model != SMOLLM2_NAME and not Path(model).expanduser().exists():
+    if model is not None and model != "smollm2" and not Path(model).expanduser().exists():  # (read_checkpoint's name
+        # for the second real model, found in its package; not imported here: model code pulls in torch)
         raise ModelLoadError(f"model not found: {model!r} is neither a file nor a built-in spec ({', '.join(MODEL_SPECS)})")
     from ridgeline.model.checkpoint import read_checkpoint  # only for a file: a spec's shape needs no model code
 
