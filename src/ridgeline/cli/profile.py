@@ -8,8 +8,6 @@ from rich.console import Console
 from ridgeline.cli.app import app
 from ridgeline.cli.bench_serve import parse_list
 from ridgeline.cli.engine_options import engine_config
-from ridgeline.sim.calibrated import TERMS
-from ridgeline.sim.setup import profile_path
 
 
 @app.command("profile", help="Time this machine's real engine steps over a grid (prefill tokens, decode rows, context) and fit the simulator's calibrated step model.")
@@ -28,7 +26,9 @@ def profile_command(
     out: Path = typer.Option(None, "--out", help="Where to write the profile (default: ~/.cache/ridgeline/profiles/MODEL.json)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompt ids."),
 ) -> None:
+    from ridgeline.sim.calibrated import TERMS
     from ridgeline.sim.profile import Grid, measure
+    from ridgeline.sim.setup import profile_path
 
     config = engine_config(model, threads=threads, dtype=dtype, lm_head=lm_head, kv_cache_memory=kv_cache_memory,
                            kv_cache_dtype=kv_cache_dtype, block_size=block_size,

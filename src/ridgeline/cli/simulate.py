@@ -4,6 +4,7 @@ machine (roofline step time) or on this one (a calibrated profile), and report i
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -15,15 +16,15 @@ from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.bench.serve_metrics import Slo
 from ridgeline.sim.link import Link
-from ridgeline.sim.metrics import summarise_run
-from ridgeline.sim.search import fleets, max_rate
-from ridgeline.sim.setup import SimOptions, deployment, parse_split
-from ridgeline.sim.simulator import Deployment, simulate
 from ridgeline.sim.trace import read_trace
 from ridgeline.sim.workload import Workload, from_trace, synthetic
 
+if TYPE_CHECKING:  # the rest load torch (through the engine's types): imported where the command runs
+    from ridgeline.sim.setup import SimOptions
+    from ridgeline.sim.simulator import Deployment
 
-def workloads(spec: str, deploy: Deployment, model: str | None, *, num_prompts: int, input_len: int, output_len: int,
+
+def workloads(spec: str, deploy: "Deployment", model: str | None, *, num_prompts: int, input_len: int, output_len: int,
               shared_prefix_len: int, max_concurrency: int | None, seed: int) -> list[Workload]:
     """`rate:R1,R2`, `concurrency:N1,N2` or a trace file."""
     kind, _, values = spec.partition(":")
@@ -87,6 +88,10 @@ def simulate_command(
 ) -> None:
     scheduler = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                 enable_prefix_caching=not no_prefix_caching, enable_chunked_prefill=not no_chunked_prefill)
+    from ridgeline.sim.metrics import summarise_run
+    from ridgeline.sim.setup import SimOptions, deployment, parse_split
+    from ridgeline.sim.simulator import simulate
+
     options = SimOptions(model, weights, hardware, precision, kv_bytes,
                          parse_bytes(kv_cache_memory) if kv_cache_memory else None, scheduler, block_size, replicas,
                          parse_split(disaggregate), Link(link_gb_s * 1e9, link_latency_us * 1e-6), calibrated, profile,
@@ -125,7 +130,9 @@ def simulate_command(
     console.print("simulated in " + ", ".join(f"{lv['engine']['wall_s']:.2f} s" for lv in levels), highlight=False)
 
 
-def run_search(options: SimOptions, deploy: Deployment, slo: Slo, target_rate: float | None, common: dict) -> dict:
+def run_search(options: "SimOptions", deploy: "Deployment", slo: Slo, target_rate: float | None, common: dict) -> dict:
+    from ridgeline.sim.search import fleets, max_rate
+
     vocab = deploy.shape.vocab_size
 
     def at(rate: float) -> Workload:
