@@ -1,6 +1,6 @@
 """Which kernel path the suite tests here, and the rule for tests of the compiled one.
 
-A CPU without the kernels' flags (AVX-512 VNNI and friends) runs everything through torch: those tests skip.
+A CPU without the kernels' flags (AVX2, FMA and F16C at least) runs everything through torch: those tests skip.
 A CPU with the flags must have the kernels: a failed build there fails the tests instead of skipping them
 quietly, and the run's summary says which path was tested.
 """
@@ -42,7 +42,8 @@ def cpu_line() -> str:
     missing = native.missing_cpu_flags()
     if missing:
         return f"compiled kernels: this CPU lacks {', '.join(missing)}; their tests skip and the torch path is tested"
-    return "compiled kernels: this CPU has AVX-512 VNNI; they are built on first use and a failed build fails the run"
+    return (f"compiled kernels: this CPU builds them for {native.kernel_target().name}; they are built on first use and "
+            "a failed build fails the run")
 
 
 def kernel_paths_line() -> str:
@@ -54,4 +55,4 @@ def kernel_paths_line() -> str:
         return "compiled kernels: not used by the tests that ran"
     if build_failed():
         return f"compiled kernels: BUILD FAILED on a CPU with the flags ({native.build_error}); the run fails"
-    return "compiled kernels: built (avx512_vnni) and tested, beside the torch path"
+    return f"compiled kernels: built ({native.kernel_target().name}) and tested, beside the torch path"

@@ -52,7 +52,7 @@ def test_a_cpu_without_the_flags_skips_and_says_so(monkeypatch):
         pass
     assert skip_condition(test)
     assert not build_failed()
-    assert "CPU lacks avx512f" in kernel_paths_line() and "torch path was tested" in kernel_paths_line()
+    assert "CPU lacks avx2" in kernel_paths_line() and "torch path was tested" in kernel_paths_line()
 
 
 def test_parametrised_tests_keep_their_parameters_and_fixtures():
@@ -63,3 +63,12 @@ def test_parametrised_tests_keep_their_parameters_and_fixtures():
 
     assert [mark.name for mark in test.pytestmark].count("parametrize") == 1
     assert list(inspect.signature(test).parameters) == ["rows", "tmp_path"]
+
+
+def test_the_best_instruction_set_the_cpu_has_is_built(monkeypatch):
+    monkeypatch.setattr(native, "_cpu_flags", lambda: set(native.AVX512_VNNI.cpu_flags) | set(native.AVX2.cpu_flags))
+    assert native.kernel_target() is native.AVX512_VNNI
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"avx2", "fma", "f16c", "avx512f"})  # AVX-512 without VNNI
+    assert native.kernel_target() is native.AVX2
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse4_2", "fma", "f16c"})
+    assert native.kernel_target() is None

@@ -94,7 +94,7 @@ def test_gemv_handles_zero_and_non_contiguous_activations():
 
 @pytest.mark.parametrize("qtype", list(QUANT_BITS))
 def test_torch_fallback_is_an_exact_dequantised_matmul(qtype, monkeypatch):
-    monkeypatch.setattr(kernels, "compiled", lambda: None)  # as on a CPU without AVX-512 VNNI, or off the CPU
+    monkeypatch.setattr(kernels, "compiled", lambda: None)  # as on a CPU without AVX2, or off the CPU
     stored = random_stored(qtype, (5, 256), seed=6)
     packed = pack(stored)
     x = torch.randn(2, 256)

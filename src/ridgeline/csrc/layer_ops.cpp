@@ -6,7 +6,7 @@
 #include "parallel.h"
 #include "simd_math.h"
 
-#include <immintrin.h>
+#include "simd.h"
 
 #include <cmath>
 #include <cstdint>

@@ -17,7 +17,7 @@
 #include "parallel.h"
 #include "simd_math.h"
 
-#include <immintrin.h>
+#include "simd.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // value's result does not depend on its neighbours.
 #pragma once
 
-#include <immintrin.h>
+#include "simd.h"
 
 namespace ridgeline {
 

@@ -1,7 +1,9 @@
 """ridgeline's compiled kernels (csrc/): JIT-built once per machine on first use.
 
+The kernels are written against AVX-512 VNNI. A CPU with AVX2, FMA and F16C but no AVX-512 (AMD Zen 2/3, most
+Intel client cores) builds the same sources with csrc/avx512_on_avx2.h standing in for the AVX-512 intrinsics.
 The build runs under a file lock (several processes may start at once; compiling takes ~30 s on 2 cores)
-and lands in ~/.cache/ridgeline/torch_extensions. Without AVX-512 VNNI or without a compiler `compiled()` is
+and lands in ~/.cache/ridgeline/torch_extensions/<target>. Without AVX2 or without a compiler `compiled()` is
 None and every caller runs the same operation as plain torch code (as it does for tensors off the CPU).
 """
 
@@ -9,6 +11,7 @@ import fcntl
 import functools
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -19,9 +22,24 @@ from ridgeline.startup_clock import phase
 CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "quant_kernels.cpp", "paged_attention.cpp", "layer_ops.cpp")]
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma")
-COMPILE_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                 "-mavx512vnni", "-mf16c", "-mfma"]
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """An instruction set the kernels build for: the CPU flags it needs and the compiler flags that select it."""
+
+    name: str
+    cpu_flags: tuple[str, ...]
+    compile_flags: tuple[str, ...]
+
+
+AVX512_VNNI = KernelTarget("avx512_vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"),
+                           ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mf16c", "-mfma"))
+AVX2 = KernelTarget("avx2", ("avx2", "f16c", "fma"), ("-mavx2", "-mf16c", "-mfma"))
+TARGETS = (AVX512_VNNI, AVX2)  # best first
+REQUIRED_CPU_FLAGS = AVX2.cpu_flags  # the least a CPU needs for any compiled kernels
+# -ffp-contract=off: no fused multiply-adds but the written ones, so a row's bits do not depend on the compiler
+COMMON_COMPILE_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp")
 
 
 NO_TENSOR = torch.empty(0)  # an optional tensor argument left out (the kernels take tensors, not None)
@@ -49,6 +67,12 @@ def missing_cpu_flags() -> list[str]:
     return [flag for flag in REQUIRED_CPU_FLAGS if flag not in flags]
 
 
+def kernel_target() -> KernelTarget | None:
+    """The best instruction set this CPU builds the kernels for, or None."""
+    flags = _cpu_flags()
+    return next((target for target in TARGETS if all(flag in flags for flag in target.cpu_flags)), None)
+
+
 # Why the last build failed, where it did: a CPU that has the flags but no kernels is a fault the tests must
 # report, not a machine to skip on, and they need the reason to say so.
 build_error: str | None = None
@@ -58,19 +82,20 @@ build_error: str | None = None
 def compiled() -> ModuleType | None:
     """The extension module, or None (with one warning) where it cannot run here."""
     global build_error
-    if missing_cpu_flags():
-        return None  # a CPU without AVX-512 VNNI: the torch path is the supported route, no warning
+    target = kernel_target()
+    if target is None:
+        return None  # a CPU without AVX2: the torch path is the supported route, no warning
     from torch.utils.cpp_extension import load
 
-    build_dir = CACHE_DIR / "torch_extensions" / "kernels"
+    build_dir = CACHE_DIR / "torch_extensions" / f"kernels_{target.name}"
     build_dir.mkdir(parents=True, exist_ok=True)
     with phase("kernels"), open(build_dir / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one compile per machine; later processes just load the result
         try:
             return load(
-                name="ridgeline_kernels",
+                name=f"ridgeline_kernels_{target.name}",
                 sources=[str(source) for source in SOURCES],
-                extra_cflags=COMPILE_FLAGS,
+                extra_cflags=[*COMMON_COMPILE_FLAGS, *target.compile_flags],
                 extra_ldflags=["-fopenmp"],  # at::parallel_for is OpenMP: without it the loop runs on one thread
                 build_directory=str(build_dir),
                 verbose=False,

@@ -4,9 +4,10 @@ Few rows (decode, small batches) are memory-bound: stream the quantised bytes on
 Many rows (prefill) are compute-bound: either the same int8 kernel, whose 16-row x 8-activation tiles keep the
 dot-product units busy, or dequantise the weight to bf16 once per call and run a GEMM. Which wins from how many
 rows is measured per machine (crossover.py), not guessed. On AVX-512 VNNI machines the int8 kernel wins up to
-hundreds of rows; off the CPU (no compiled kernels) the GEMM always does.
+hundreds of rows; on AVX2 ones without bf16 arithmetic (AMD Zen 3) it wins at every row count measured; off the
+CPU (no compiled kernels) the GEMM always does.
 
-Without the compiled kernels (a CPU without AVX-512 VNNI, or a GPU) dequantising the packed weight on every call
+Without the compiled kernels (a CPU without AVX2, or a GPU) dequantising the packed weight on every call
 costs far more than the matmul itself, so the weight is dequantised once, to float32, and kept beside the packed
 planes (4 bytes a weight in memory instead of ~0.6: the price of running where the kernels do not). torch's matmul
 picks its kernel by row count (a gemv for one row, edge kernels for a ragged tail), so a row's bits would depend on
