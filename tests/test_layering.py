@@ -3,6 +3,8 @@
 - napkin/ is plain arithmetic: it imports only the standard library, numpy, matplotlib, ridgeline.errors and itself,
   so the roofline and advise tools run without torch, the engine or a model;
 - engine/ and model/ never import the server (the server drives the engine, never the reverse);
+- engine/ never imports cluster/, and cluster/ never imports the server: the one engine-thread driver
+  (engine/engine_thread.py) sits below both fronts, the one-model server and the router's workers;
 - model/attention_batch.py, which model/layers/ consume, does not import from model/layers/.
 
 Every import counts, including those inside functions.
@@ -69,6 +71,18 @@ def test_napkin_imports_only_stdlib_numpy_matplotlib_and_itself(path):
 @pytest.mark.parametrize("path", [*modules_under("engine"), *modules_under("model")],
                          ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_engine_and_model_never_import_the_server(path):
+    server = {name for name in imported_modules(path) if within(name, ["ridgeline.server"])}
+    assert not server, f"{path.relative_to(PACKAGE)} imports {sorted(server)}"
+
+
+@pytest.mark.parametrize("path", modules_under("engine"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_engine_never_imports_the_cluster(path):
+    cluster = {name for name in imported_modules(path) if within(name, ["ridgeline.cluster"])}
+    assert not cluster, f"{path.relative_to(PACKAGE)} imports {sorted(cluster)}"
+
+
+@pytest.mark.parametrize("path", modules_under("cluster"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_cluster_never_imports_the_server(path):
     server = {name for name in imported_modules(path) if within(name, ["ridgeline.server"])}
     assert not server, f"{path.relative_to(PACKAGE)} imports {sorted(server)}"
 

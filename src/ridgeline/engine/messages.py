@@ -1,5 +1,5 @@
-"""Typed messages into an engine core: what a front end (the server's event loop today; a router or a
-disaggregated worker's peer tomorrow) sends to the thread or process that owns the engine.
+"""Typed messages into an engine core: what a front end (the server's event loop, a router's worker, a
+disaggregated worker's peer) sends to the thread that owns the engine (engine/engine_thread.py).
 
 Plain frozen dataclasses of plain data, so they cross a thread queue as they are and a process boundary
 pickled, with no engine object inside.
