@@ -89,6 +89,23 @@ def test_prefix_index_matches_the_leading_chain_only():
     assert index.cached_blocks("r", chain) == 0
 
 
+def test_a_prefix_sent_counts_as_held_until_the_report_after_its_request_ends():
+    tokens = list(range(3, 70))
+    chain = prompt_block_hashes(tokens, 16)
+    index = PrefixIndex()
+    index.expect("r", "req-1", chain)
+    index.expect("r", "req-2", chain[:2])
+    assert index.match(["r", "s"], tokens, 16) == {"r": 64, "s": 0}  # before any report
+    index.ended("req-1")
+    assert index.cached_blocks("r", chain) == 4  # ended, but its blocks are not yet confirmed either way
+    index.apply("r", CacheEvents(stored=chain[:3]))  # the worker kept three blocks
+    assert index.cached_blocks("r", chain) == 3
+    index.apply("r", CacheEvents(removed=chain[:3]))
+    assert index.cached_blocks("r", chain) == 2  # req-2 is still in flight: its two blocks are still expected
+    index.forget("r")
+    assert index.cached_blocks("r", chain) == 0
+
+
 def test_busy_replica_is_skipped_until_retry_after():
     health = Health()
     health.busy(2.0, now=100.0)

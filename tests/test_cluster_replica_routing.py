@@ -83,6 +83,24 @@ def test_prefix_affinity_prefills_at_least_2x_fewer_tokens_than_round_robin():
     assert min(affinity_counts) > 0  # the prefixes were shared out, not all sent to one replica
 
 
+def test_a_prefix_still_prefilling_draws_the_next_turn_before_any_report():
+    async def main():
+        router = make_router([local_group("m", replicas=2)])
+        rng = np.random.default_rng(3)
+        system = random_prompt(rng, 160)
+        try:
+            first = asyncio.create_task(run_one(router, "m", system + random_prompt(rng, 5), 200))
+            await asyncio.sleep(0)  # dispatched; no report has been taken
+            holder = next(r for r in ("m/0", "m/1") if router.loads.of(r).num_in_flight)
+            ranked = router.rank("m", 170, 4, system + random_prompt(rng, 5))
+            assert {c.replica: c.cached_tokens for c in ranked} == {holder: 160, ({"m/0", "m/1"} - {holder}).pop(): 0}
+            await first
+        finally:
+            await closed(router)
+
+    asyncio.run(main())
+
+
 def test_dead_replica_fails_in_flight_requests_cleanly_new_ones_fail_over_and_it_rejoins():
     async def main():
         group = local_group("m", replicas=2)

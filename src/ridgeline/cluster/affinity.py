@@ -5,7 +5,14 @@ by the hash of its parent's hash and its token ids, so one hash stands for the w
 router hashes a prompt the same way and walks the chain: the first hash a replica lacks ends its cached prefix.
 Exact, not a guess from an approximate tree: a hit here is a block the worker's own lookup would find, unless it
 was evicted after the last report.
+
+Like load, a prefix is also counted at dispatch: the blocks of a prompt just sent to a replica are *expected* there
+until the worker's first report after the request ends has had the chance to confirm them. Without that, the
+next turn on the same prefix, sent while the first still prefills, sees no replica holding it, goes wherever load
+says, and copies the prefix to a second replica where it evicts others.
 """
+
+from collections import Counter
 
 from ridgeline.cluster.messages import CacheEvents
 from ridgeline.engine.prefix_cache import ROOT_HASH, hash_block_tokens
@@ -27,6 +34,9 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._held: dict[str, set[bytes]] = {}
+        self._expected: dict[str, Counter] = {}  # replica -> block hash -> requests in flight that bring it
+        self._requests: dict[str, tuple[str, list[bytes]]] = {}  # request id -> replica, its prompt's hashes
+        self._ended: dict[str, list[str]] = {}  # replica -> ended requests whose blocks its next report confirms
 
     def apply(self, replica: str, events: CacheEvents) -> None:
         held = self._held.setdefault(replica, set())
@@ -34,18 +44,43 @@ class PrefixIndex:
             held.clear()
         held.difference_update(events.removed)
         held.update(events.stored)
+        for request_id in self._ended.pop(replica, []):
+            self._drop(request_id)
+
+    def expect(self, replica: str, request_id: str, hashes: list[bytes]) -> None:
+        """A prompt with these block hashes was just sent to `replica`: count them there from now on."""
+        self._requests[request_id] = (replica, hashes)
+        self._expected.setdefault(replica, Counter()).update(hashes)
+
+    def ended(self, request_id: str) -> None:
+        """The request is over: its blocks stay expected until its replica's next report says what it kept."""
+        if request_id in self._requests:
+            self._ended.setdefault(self._requests[request_id][0], []).append(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        replica, hashes = self._requests.pop(request_id, (None, []))
+        expected = self._expected.get(replica)
+        if expected is not None:
+            expected.subtract(hashes)
+            for block_hash in hashes:
+                if expected[block_hash] <= 0:
+                    del expected[block_hash]
 
     def forget(self, replica: str) -> None:
         """A replica that died or left holds nothing any more."""
         self._held.pop(replica, None)
+        self._expected.pop(replica, None)
+        self._ended.pop(replica, None)
+        for request_id in [r for r, (name, _) in self._requests.items() if name == replica]:
+            del self._requests[request_id]
+
+    def _holds(self, replica: str, block_hash: bytes) -> bool:
+        return block_hash in self._held.get(replica, ()) or block_hash in self._expected.get(replica, ())
 
     def cached_blocks(self, replica: str, hashes: list[bytes]) -> int:
         """Leading blocks of the chain the replica holds."""
-        held = self._held.get(replica)
-        if not held:
-            return 0
         for count, block_hash in enumerate(hashes):
-            if block_hash not in held:
+            if not self._holds(replica, block_hash):
                 return count
         return len(hashes)
 
@@ -53,13 +88,13 @@ class PrefixIndex:
         """Cached prompt tokens per replica. Hashes the prompt block by block only while some replica still holds
         the chain, so a long prompt nobody has cached costs one hash, not one per block (the router's hot path)."""
         matched = dict.fromkeys(replicas, 0)
-        alive = [name for name in replicas if self._held.get(name)]
+        alive = [name for name in replicas if self._held.get(name) or self._expected.get(name)]
         parent = ROOT_HASH
         for block in range((len(token_ids) - 1) // block_size):
             if not alive:
                 break
             parent = hash_block_tokens(parent, token_ids[block * block_size : (block + 1) * block_size])
-            alive = [name for name in alive if parent in self._held[name]]
+            alive = [name for name in alive if self._holds(name, parent)]
             for name in alive:
                 matched[name] = (block + 1) * block_size
         return matched

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ridgeline.cluster.affinity import PrefixIndex
+from ridgeline.cluster.affinity import PrefixIndex, prompt_block_hashes
 from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaBusy, ReplicaError, ReplicaFailed, ReplicaRejected
 from ridgeline.cluster.health import Health
 from ridgeline.cluster.http_replica import HttpReplica
@@ -211,6 +211,7 @@ class Router:
 
     def _finish(self, model: str, name: str, request_id: str, outcome: str) -> None:
         self.loads.done(name, request_id)
+        self.index.ended(request_id)
         self.metrics.requests.labels(model, name, outcome).inc()
         self._update_gauges(name)
 
@@ -234,6 +235,9 @@ class Router:
             name = choice.replica
             replica = self.replicas[name]
             self._dispatch(model, name, request.request_id, choice, prompt_tokens)
+            if isinstance(replica, WorkerReplica) and replica.info is not None:
+                self.index.expect(name, request.request_id,
+                                  prompt_block_hashes(request.prompt_token_ids, replica.info.block_size))
             started, outcome = False, "cancelled"
             try:
                 async with contextlib.aclosing(replica.generate(request)) as outputs:
