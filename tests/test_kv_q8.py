@@ -13,8 +13,7 @@ import torch
 from server_helpers import serve_tiny_model, tiny_model_path
 from tiny_models import build_hf_model, save_tokenizer
 
-from ridgeline.engine.block_manager import pages_held
-from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, page_bytes, pages_for_budget
+from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, page_bytes, pages_for_budget, pages_per_sequence
 from ridgeline.engine.llm import LLM
 from ridgeline.engine.llm_engine import EngineConfig
 from ridgeline.engine.sampling_params import SamplingParams
@@ -108,8 +107,7 @@ def test_q8_0_holds_1_88x_the_sequences_of_bf16():
     bf16, q8 = (KVCacheConfig(16, dtype, 2 << 30) for dtype in ("bf16", "q8_0"))
     pages = {c.dtype: pages_for_budget(GEMMA3_270M, c) for c in (bf16, q8)}
     assert pages["q8_0"] / pages["bf16"] == pytest.approx(2 / (1 + 2 / 32), rel=1e-3)
-    per_sequence = sum(pages_held(4096, 0, window, 16) for window in (None, 512))  # the full and the sliding group
-    sequences = {dtype: count // per_sequence for dtype, count in pages.items()}
+    sequences = {c.dtype: pages[c.dtype] // pages_per_sequence(GEMMA3_270M, c, 4096) for c in (bf16, q8)}
     assert 1.8 < sequences["q8_0"] / sequences["bf16"] < 2
 
 

@@ -130,6 +130,12 @@ class KVCache:
         return [[block * count + group for block in blocks] for group in range(count)]
 
 
+def pages_per_sequence(model: ModelConfig, cache: KVCacheConfig, seq_len: int) -> int:
+    """Pages one sequence of seq_len tokens holds: every block in a full-attention group, the window's in a
+    sliding-window group."""
+    return sum(pages_held(seq_len, 0, group.window, cache.block_size) for group in layer_groups(model))
+
+
 def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, max_chunk_tokens: int,
                       seq_len: int = 2048) -> str:
     """The start-up line: how many tokens of every layer the pool holds, what a token costs past the sliding
@@ -140,7 +146,7 @@ def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, 
     windows = [group.window for group in groups]
     per_token = bytes_per_token(model, cache)
     tokens = num_pages * cache.block_size // len(groups)
-    per_seq_pages = sum(pages_held(seq_len, 0, window, cache.block_size) for window in windows)
+    per_seq_pages = pages_per_sequence(model, cache, seq_len)
     longest = longest_fitting_sequence(num_pages, max_chunk_tokens, windows, cache.block_size, model.max_context)
     line = (f"KV cache: {num_pages:,} pages x {cache.block_size} tokens x {len(groups[0].layers)} layers = {tokens:,} "
             f"tokens of all layers ({per_token:,} B/token in {cache.name}: 2 x {model.num_kv_heads} kv_heads x "
