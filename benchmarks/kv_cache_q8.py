@@ -24,10 +24,13 @@ from pathlib import Path
 
 import torch
 
+import ridgeline.model.layers.attention as attention_layer
+import ridgeline.model.layers.attention_kernel as attention_kernel
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCache, KVCacheConfig, pages_for_budget, pages_per_sequence
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.model.attention_batch import ForwardChunk
+from ridgeline.model.layers.kv_slots import float_pages
 
 TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "gpl-3.0.txt"
 TYPES = ("bf16", "q8_0", "fp32")
@@ -65,7 +68,15 @@ def kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return (logp.exp() * (logp - logq)).sum(-1).clamp(min=0)
 
 
-def compare(runners: dict[str, ModelRunner], ids: list[int], bos: int, ctx: int, chunk: int, max_positions: int) -> dict:
+def torch_attention_for_all(on: bool) -> None:
+    """The accuracy runs put every KV type on the torch attention path, as q8_0 always is: on this machine the
+    compiled kernel and the torch path differ by KLD ~0.003 even with fp32 KV (measured; a question for the kernel
+    rework), which would otherwise be counted against q8_0."""
+    attention_layer.float_pages = attention_kernel.float_pages = (lambda *_: False) if on else float_pages
+
+
+def compare(runners: dict[str, ModelRunner], ids: list[int], bos: int, ctx: int, chunk: int,
+            max_positions: int) -> dict:
     tally = Tally()
     tables = {name: runner.kv_cache.group_tables(list(range(-(-ctx // runner.kv_cache.block_size))))
               for name, runner in runners.items()}
@@ -86,8 +97,8 @@ def compare(runners: dict[str, ModelRunner], ids: list[int], bos: int, ctx: int,
 def decode_speed(runners: dict[str, ModelRunner], ids: list[int], bos: int, ctx: int, chunk: int) -> dict:
     """Prefill ctx tokens into each cache, then alternate one-token steps: median tok/s per type."""
     times = {name: [] for name in runners}
-    tables = {name: runner.kv_cache.group_tables(list(range(-(-(ctx + DECODE_STEPS + 2) // runner.kv_cache.block_size))))
-              for name, runner in runners.items()}
+    blocks = list(range(-(-(ctx + DECODE_STEPS + 2) // 16)))
+    tables = {name: runner.kv_cache.group_tables(blocks) for name, runner in runners.items()}
     for name, runner in runners.items():
         for first in range(0, ctx, chunk):
             runner.run([ForwardChunk(([bos] + ids[1:ctx])[first:first + chunk], first, tables[name])])
@@ -124,11 +135,14 @@ def main() -> None:
     print(f"{assembled.name}: {len(ids):,} tokens of {TEXT.name}; threads {args.threads}", flush=True)
 
     results = {"model": assembled.name, "text": TEXT.name, "threads": args.threads, "chunk": args.chunk}
+    torch_attention_for_all(True)
     for ctx in contexts:
         results[f"ctx_{ctx}"] = compare(runners, ids, bos, ctx, args.chunk, args.positions)
+    torch_attention_for_all(False)  # decode speed on each type's own path: bf16 compiled where it builds
     budget = 2 << 30
     results["capacity_2GiB_4096_token_sequences"] = {
-        name: pages_for_budget(config, KVCacheConfig(16, name, budget)) // pages_per_sequence(config, caches[name], 4096)
+        name: pages_for_budget(config, KVCacheConfig(16, name, budget)) // pages_per_sequence(config, caches[name],
+                                                                                              4096)
         for name in ("bf16", "q8_0")}
     fast = {name: runners[name] for name in ("bf16", "q8_0")}
     results[f"decode_tok_s_at_{max(contexts)}"] = decode_speed(fast, ids, bos, max(contexts), args.chunk)

@@ -34,7 +34,8 @@ def random_rows(rows: int, width: int, seed: int = 0) -> torch.Tensor:
     get subnormal fp16 scales, coarser than half a step: so in llama.cpp too; K and V are not that small.)"""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, width, generator=generator)
-    x *= 10 ** torch.empty(rows, width // 32, 1).uniform_(-2, 3, generator=generator).repeat_interleave(32, 1).view(rows, width)
+    magnitudes = 10 ** torch.empty(rows, width // 32, 1).uniform_(-2, 3, generator=generator)
+    x *= magnitudes.expand(-1, -1, 32).reshape(rows, width)
     x[0, :32] = 0
     return x
 
@@ -151,7 +152,7 @@ def test_q8_kv_is_batch_invariant(gemma3):
 def test_greedy_tokens_through_the_server_with_q8_kv():
     """The real server and the official client on a q8_0 cache give the offline engine's q8_0 greedy tokens."""
     prompts = [[0] + [(5 * i + 2 * j) % 300 + 3 for j in range(4 + 9 * i)] for i in range(4)]
-    offline = LLM(config=EngineConfig(model=str(tiny_model_path()), kv_cache=KVCacheConfig(16, "q8_0", 1 << 21)))
+    offline = LLM(str(tiny_model_path()), kv_cache_dtype="q8_0")
     expected = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     with serve_tiny_model(kv_dtype="q8_0") as server:
         engine = server.server.config.app.state.serving.engine.engine

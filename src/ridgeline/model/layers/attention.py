@@ -5,7 +5,7 @@ from torch import nn
 
 from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.layers.attention_kernel import paged_attention
-from ridgeline.model.layers.kv_slots import KVSlots, write_slots
+from ridgeline.model.layers.kv_slots import KVSlots, float_pages, write_slots
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import apply_rope
 from ridgeline.model.layers.shared_input import SharedInputLinear
@@ -31,9 +31,7 @@ class PagedAttention(nn.Module):
         q, k, v = self.qkv(x, paths)
         k_cache, v_cache = cache
         view = batch.groups[self.group]
-        # The compiled kernels write float pages only: a Q8_0 cache is written (and read) by the torch path.
-        floats = isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
-        if floats and self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
+        if float_pages(k_cache, v_cache) and self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
             # QK-norm, RoPE and the cache writes in one call: a dozen torch calls per layer otherwise
             norms = (NO_TENSOR, NO_TENSOR, 0.0) if self.q_norm is None else (
                 self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)

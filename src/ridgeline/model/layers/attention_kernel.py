@@ -18,7 +18,7 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from ridgeline.model.attention_batch import AttentionBatch, GroupView
-from ridgeline.model.layers.kv_slots import KVSlots, read_slots
+from ridgeline.model.layers.kv_slots import KVSlots, float_pages, read_slots
 from ridgeline.model.native import NO_TENSOR, compiled
 
 
@@ -26,8 +26,7 @@ def paged_attention(q: torch.Tensor, k_cache: KVSlots, v_cache: KVSlots, batch: 
                     group: GroupView, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, heads, head_dim]; caches [slots, kv_heads, head_dim]; sinks None or [heads] fp32
     -> [T, heads, head_dim] in q's dtype."""
-    floats = isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
-    module = compiled() if floats and q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
+    module = compiled() if float_pages(k_cache, v_cache) and q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
     if module is None:
         return paged_attention_reference(q, k_cache, v_cache, batch, group, scale, sinks)
     out = module.paged_attention(q.float().contiguous(), k_cache, v_cache, group.block_tables, batch.row_seq,
@@ -46,7 +45,8 @@ def paged_attention_reference(q: torch.Tensor, k_cache: KVSlots, v_cache: KVSlot
         key_pos = torch.arange(min(begins[first:last]), ends[last - 1], device=q.device)
         table = group.block_tables[chunk].long()
         slots = table[key_pos // batch.block_size] * batch.block_size + key_pos % batch.block_size
-        keys, values = (read_slots(cache, slots, q.dtype).transpose(0, 1) for cache in (k_cache, v_cache))  # [kv_heads, n, d]
+        # [kv_heads, n, d]: only this chunk's slots, dequantised where the cache is Q8_0
+        keys, values = (read_slots(cache, slots, q.dtype).transpose(0, 1) for cache in (k_cache, v_cache))
         rows = last - first
         # Query heads sharing a KV head become extra queries of it: [kv_heads, groups * rows, d].
         queries = q[first:last].view(rows, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)

@@ -60,3 +60,9 @@ def write_slots(cache: KVSlots, slots: torch.Tensor, x: torch.Tensor) -> None:
 def read_slots(cache: KVSlots, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The cache's rows at `slots` as [len(slots), kv_heads, head_dim] in `dtype`."""
     return cache.read(slots, dtype) if isinstance(cache, Q8Slots) else cache[slots].to(dtype)
+
+
+def float_pages(k_cache: KVSlots, v_cache: KVSlots) -> bool:
+    """Whether the compiled kernels can take these caches: they read and write float pages of one type for K and V
+    (a Q8_0 side, or K and V of two types, takes the torch path until the kernels learn them)."""
+    return isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor) and k_cache.dtype == v_cache.dtype
