@@ -104,21 +104,22 @@ def tiny_model_path() -> Path:
 
 
 def tiny_engine(max_num_seqs: int = 64, num_blocks: int = 256, block_size: int = 16,
-                max_model_len: int | None = None) -> LLMEngine:
+                max_model_len: int | None = None, kv_dtype: str = "fp32") -> LLMEngine:
     config = EngineConfig(
         model=str(tiny_model_path()),
         max_model_len=max_model_len,
-        kv_cache=KVCacheConfig(block_size=block_size, dtype="fp32", memory_bytes=num_blocks * block_size * KV_BYTES_PER_TOKEN),
+        kv_cache=KVCacheConfig(block_size=block_size, dtype=kv_dtype, memory_bytes=num_blocks * block_size * KV_BYTES_PER_TOKEN),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024),
     )
     return LLMEngine(config)
 
 
 @contextlib.contextmanager
-def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, max_model_len: int | None = None, **server_options):
+def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, max_model_len: int | None = None,
+                     kv_dtype: str = "fp32", **server_options):
     """A BackgroundServer (with .url) over a fresh tiny engine; server_options are ServerConfig fields."""
     config = ServerConfig(**server_options)
-    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len), config)
+    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len, kv_dtype=kv_dtype), config)
     with BackgroundServer(app, request_read_timeout=config.request_read_timeout, max_connections=config.max_connections) as server:
         yield server
 

@@ -91,3 +91,12 @@ def test_unknown_lm_head_format(tmp_path):
     build_hf_model("llama", tmp_path)
     save_tokenizer(tmp_path)
     assert_one_line_error(run_cli("generate", "hi", "--model", str(tmp_path), "--lm-head", "q3"), "unknown --lm-head 'q3'")
+
+
+@pytest.mark.parametrize("args", [("serve", "--kv-cache-dtype", "q4"), ("generate", "hi", "--kv-cache-dtype-v", "q4")])
+def test_unknown_kv_cache_dtype(args):
+    assert_one_line_error(run_cli(*args), "unknown KV cache dtype 'q4'", "q8_0")
+
+
+def test_roofline_kv_bytes_that_is_neither_a_number_nor_a_kv_dtype():
+    assert_one_line_error(run_cli("roofline", "--hardware", "nvidia-dgx-spark", "--kv-bytes", "q4"), "--kv-bytes", "q8_0")

@@ -36,8 +36,8 @@ def model(tmp_path_factory) -> str:
     return str(directory)
 
 
-def engine(model: str, kv_dtype: str = "fp32") -> LLMEngine:
-    return LLMEngine(EngineConfig(model=model, kv_cache=KVCacheConfig(BLOCK, kv_dtype, 1 << 22),
+def engine(model: str, kv_dtype: str = "fp32", value_dtype: str | None = None) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=model, kv_cache=KVCacheConfig(BLOCK, kv_dtype, 1 << 22, value_dtype=value_dtype),
                                   scheduler=SchedulerConfig(max_num_batched_tokens=16)))
 
 
@@ -146,9 +146,29 @@ def test_tcp_framing_overhead_is_the_headers_alone(model):
     assert_no_pages_leaked(prefill_engine, decode_engine)
 
 
-def test_a_layout_mismatch_is_refused_and_the_prefill_pages_are_freed_when_the_lease_lapses(model):
+def test_q8_pages_move_at_their_real_size_and_give_the_colocated_tokens(model):
+    """A q8_0 page is int8 values plus an fp16 scale per 32: 1.0625 B per value, and decoding on the pages moved
+    gives what decoding where they were computed gives."""
+    colocated = engine(model, "q8_0")
+    colocated.add_request("a", PROMPTS[2], GREEDY)
+    expected = run(colocated)["a"]
+    prefill_engine, decode_engine = engine(model, "q8_0"), engine(model, "q8_0")
+    source, transport = KVSource(prefill_engine), InProcessTransport()
+    transport.serve("p", source)
+    received = receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(PROMPTS[2], GREEDY),
+                       prefill(prefill_engine, source, "a", PROMPTS[2]))
+    config, layout = decode_engine.model_config, decode_engine.kv_layout()
+    assert layout.page_bytes == BLOCK * 2 * config.num_kv_heads * config.head_dim * (1 + 2 / 32)
+    assert received.bytes_moved == received.pages_moved * layout.page_bytes
+    assert run(decode_engine)["a"] == expected
+    assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
+@pytest.mark.parametrize("decode_types", [("fp16", None), ("q8_0", None), ("fp32", "q8_0")],
+                         ids=["fp16", "q8_0", "V-q8_0"])
+def test_a_layout_mismatch_is_refused_and_the_prefill_pages_are_freed_when_the_lease_lapses(model, decode_types):
     ticks = itertools.count()
-    prefill_engine, decode_engine = engine(model), engine(model, kv_dtype="fp16")
+    prefill_engine, decode_engine = engine(model), engine(model, *decode_types)
     source = KVSource(prefill_engine, lease_seconds=5, clock=lambda: float(next(ticks)))
     transport = InProcessTransport()
     transport.serve("p", source)

@@ -103,7 +103,7 @@ def run_throughput(config: ThroughputConfig, progress: Progress = lambda _text, 
     threads = torch.get_num_threads()  # the engine has set it
     progress("measuring this machine's roofline (cached afterwards)", 0)
     roofline = Roofline(load_model_shape(config.engine.model), this_machine(threads=threads),
-                        kv_dtype_bytes=config.engine.kv_cache.torch_dtype.itemsize)
+                        kv_dtype_bytes=config.engine.kv_cache.bytes_per_value)
     prompts = torch.Generator().manual_seed(config.seed)
 
     def random_prompt(length: int) -> list[int]:

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ridgeline.cli.app import bench_app
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
 from ridgeline.errors import RidgelineError
 
 if TYPE_CHECKING:
@@ -36,12 +36,17 @@ def throughput_command(
     threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (usable as `ridgeline roofline --measured`)."),
     plot: Path = typer.Option(None, "--plot", help="Write a roofline chart (PNG) with the measured decode points on it."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
+    kv_cache_dtype_v: str = KV_CACHE_DTYPE_V,
 ) -> None:
     # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
     from ridgeline.bench.bench_throughput import DEFAULT_BATCH_SIZES, ThroughputConfig, run_throughput
 
     sizes = parse_batch_sizes(batch_sizes) if batch_sizes is not None else DEFAULT_BATCH_SIZES
-    config = ThroughputConfig(engine_config(model, threads=threads), sizes, input_len, output_len)
+    engine = engine_config(model, threads=threads, kv_cache_dtype=kv_cache_dtype, kv_cache_dtype_k=kv_cache_dtype_k,
+                           kv_cache_dtype_v=kv_cache_dtype_v)
+    config = ThroughputConfig(engine, sizes, input_len, output_len)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("starting", total=sum(sizes) * output_len)
@@ -62,7 +67,7 @@ def write_plot(report: "ThroughputReport", config: "ThroughputConfig", path: Pat
     from ridgeline.napkin.roofline import Roofline
 
     roofline = Roofline(load_model_shape(config.engine.model), report.hardware,
-                        kv_dtype_bytes=config.engine.kv_cache.torch_dtype.itemsize)
+                        kv_dtype_bytes=config.engine.kv_cache.bytes_per_value)
     points = parse_points(report.summary()["roofline_points"])
     context = config.input_len + config.output_len // 2
     return plot_roofline(roofline, path, context=context, decode_batches=config.batch_sizes, measured=points)

@@ -3,12 +3,21 @@
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import typer
+
 from ridgeline.errors import RidgelineError
 
 if TYPE_CHECKING:
     from ridgeline.engine.llm_engine import EngineConfig
 
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+# The KV-cache type options, declared once for every command that runs an engine. K and V can differ, as with
+# llama.cpp's -ctk / -ctv (keys are the more sensitive side: a q8_0 V with a bf16 K is the cautious trade).
+KV_CACHE_DTYPE = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element type of K and V: bf16, fp16, fp32 "
+                              "or q8_0 (int8 with an fp16 scale per 32 values: 1.88x the tokens of bf16).")
+KV_CACHE_DTYPE_K = typer.Option(None, "--kv-cache-dtype-k", help="K's type alone (default: --kv-cache-dtype).")
+KV_CACHE_DTYPE_V = typer.Option(None, "--kv-cache-dtype-v", help="V's type alone (default: --kv-cache-dtype).")
 
 
 def parse_bytes(text: str) -> int:
@@ -23,7 +32,8 @@ def parse_bytes(text: str) -> int:
 
 
 def engine_config(model: Path | None, *, threads: int | None = None, dtype: str = "float32", lm_head: str = "keep",
-                  kv_cache_memory: str = "2GiB", kv_cache_dtype: str = "bf16", block_size: int = 16,
+                  kv_cache_memory: str = "2GiB", kv_cache_dtype: str = "bf16", kv_cache_dtype_k: str | None = None,
+                  kv_cache_dtype_v: str | None = None, block_size: int = 16,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, prefix_caching: bool = True,
                   chunked_prefill: bool = True, max_model_len: int | None = None,
                   speculative_tokens: int = 0) -> "EngineConfig":
@@ -38,7 +48,8 @@ def engine_config(model: Path | None, *, threads: int | None = None, dtype: str 
         dtype=dtype,
         lm_head=lm_head,
         threads=threads,
-        kv_cache=KVCacheConfig(block_size, kv_cache_dtype, parse_bytes(kv_cache_memory)),
+        kv_cache=KVCacheConfig(block_size, kv_cache_dtype, parse_bytes(kv_cache_memory), kv_cache_dtype_k,
+                               kv_cache_dtype_v),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                   enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill),
         max_model_len=max_model_len,

@@ -7,7 +7,7 @@ import typer
 from rich.console import Console
 
 from ridgeline.cli.app import app
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
 
 
 @app.command("generate", help="Generate a completion for PROMPT, streaming tokens as they are produced.")
@@ -22,6 +22,9 @@ def generate_command(
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the model's chat template as one user turn."),
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: torch's choice)."),
     lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 or q4."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
+    kv_cache_dtype_v: str = KV_CACHE_DTYPE_V,
 ) -> None:
     # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
     from ridgeline.engine.llm import LLM
@@ -31,7 +34,8 @@ def generate_command(
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     params.validate()
     with console.status("loading model"):
-        llm = LLM(config=engine_config(model, threads=threads, lm_head=lm_head))
+        llm = LLM(config=engine_config(model, threads=threads, lm_head=lm_head, kv_cache_dtype=kv_cache_dtype,
+                                       kv_cache_dtype_k=kv_cache_dtype_k, kv_cache_dtype_v=kv_cache_dtype_v))
     tokens: list[int] | str = prompt
     if chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from ridgeline.cli.app import app
 from ridgeline.cli.bench_serve import parse_list
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
 
 
 @app.command("profile", help="Time this machine's real engine steps over a grid (prefill tokens, decode rows, context) and fit the simulator's calibrated step model.")
@@ -19,7 +19,9 @@ def profile_command(
     prefill_tokens: str = typer.Option("16,128,512", "--prefill-tokens", help="Prompt sizes added to each decode batch."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens per step, as serve."),
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, as serve."),
-    kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element type: bf16, fp16 or fp32."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
+    kv_cache_dtype_v: str = KV_CACHE_DTYPE_V,
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     dtype: str = typer.Option("float32", "--dtype", help="Activation dtype: float32 or bfloat16."),
     lm_head: str = typer.Option("keep", "--lm-head", help="keep, q8 or q4 (as serve)."),
@@ -31,7 +33,8 @@ def profile_command(
     from ridgeline.sim.setup import profile_path
 
     config = engine_config(model, threads=threads, dtype=dtype, lm_head=lm_head, kv_cache_memory=kv_cache_memory,
-                           kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+                           kv_cache_dtype=kv_cache_dtype, kv_cache_dtype_k=kv_cache_dtype_k,
+                           kv_cache_dtype_v=kv_cache_dtype_v, block_size=block_size,
                            max_num_batched_tokens=max_num_batched_tokens)
     grid = Grid(tuple(parse_list(decode_rows, int, "--decode-rows")), tuple(parse_list(contexts, int, "--contexts")),
                 tuple(parse_list(prefill_tokens, int, "--prefill-tokens")))

@@ -9,6 +9,7 @@ from rich.table import Table
 from ridgeline.bench.model_source import load_model_shape
 from ridgeline.cli.app import app
 from ridgeline.napkin.hardware import THIS_MACHINE, catalogued
+from ridgeline.napkin.kv_dtypes import parse_kv_bytes
 from ridgeline.napkin.measured import load_measured
 from ridgeline.napkin.roofline import REALISTIC_BAND, Roofline, Workload
 
@@ -26,7 +27,7 @@ def roofline_command(
     context: int = typer.Option(0, "--context", min=0, help="Tokens already in each sequence's KV cache while decoding."),
     prompt_tokens: int = typer.Option(2048, "--prompt-tokens", min=1, help="Prompt length for prefill and TTFT."),
     precision: str = typer.Option(None, "--precision", help="Matmul precision (fp32, bf16, fp16, fp8, fp4); default: the machine's."),
-    kv_bytes: float = typer.Option(2, "--kv-bytes", min=0.5, help="Bytes per KV-cache element (2 = FP16)."),
+    kv_bytes: str = typer.Option("2", "--kv-bytes", help="Bytes per KV-cache element, or a KV dtype: bf16 = 2, q8_0 = 1.0625 (int8 + an fp16 scale per 32)."),
     measured: str = typer.Option(None, "--measured", help="JSON file of measured points to put on the --plot."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure this-machine again instead of using the cache."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -35,6 +36,7 @@ def roofline_command(
     from ridgeline.dashboard.export import render_roofline
     from ridgeline.napkin.plot import modelled_figure
 
+    kv_element_bytes = parse_kv_bytes(kv_bytes)  # a bad value fails before the machine is measured
     console = Console(stderr=as_json, width=max(Console().width, 110))  # long figures read better unwrapped
     if hardware == THIS_MACHINE:
         from ridgeline.bench.this_machine import this_machine  # measures with torch; catalogued machines need none
@@ -43,8 +45,8 @@ def roofline_command(
             machine = this_machine(remeasure=remeasure)
     else:
         machine = catalogued(hardware)
-    roofline = Roofline(load_model_shape(model, weights), machine, precision, kv_bytes)
-    workload = Workload(batch, context, prompt_tokens, kv_bytes, precision)
+    roofline = Roofline(load_model_shape(model, weights), machine, precision, kv_element_bytes)
+    workload = Workload(batch, context, prompt_tokens, kv_element_bytes, precision)
     summary = roofline.summary(workload)
     points = load_measured(measured) if measured else []
     if points:

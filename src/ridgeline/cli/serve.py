@@ -6,6 +6,7 @@ import typer
 from rich.console import Console
 
 from ridgeline.cli.app import app
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
 
 
 @app.command("serve", help="Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).")
@@ -18,7 +19,9 @@ def serve_command(
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step."),
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
-    kv_cache_dtype: str = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element type: bf16, fp16 or fp32."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
+    kv_cache_dtype_v: str = KV_CACHE_DTYPE_V,
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     max_model_len: int = typer.Option(None, "--max-model-len", min=2, help="Most tokens (prompt + output) one request may reach; a request without max_tokens stops there (default: the model's context, or what the KV cache holds)."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Do not reuse KV blocks of shared prompt prefixes."),
@@ -47,6 +50,10 @@ def serve_command(
         run_router(router, memory, host, port, api_key)
         return
     if prefill_workers or decode_workers:
+        if kv_cache_dtype_k or kv_cache_dtype_v:  # the Ray workers' config carries one KV type for both sides
+            from ridgeline.errors import RidgelineError
+
+            raise RidgelineError("Ray workers take one KV type for K and V: use --kv-cache-dtype")
         _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, local_prefill_tokens, threads,
                       kv_cache_memory, kv_cache_dtype)
         return
@@ -65,6 +72,8 @@ def serve_command(
         lm_head=lm_head,
         kv_cache_memory=kv_cache_memory,
         kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype_k=kv_cache_dtype_k,
+        kv_cache_dtype_v=kv_cache_dtype_v,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,

@@ -14,6 +14,7 @@ from ridgeline.cli.bench_serve import parse_list, print_report, write_plots
 from ridgeline.cli.engine_options import parse_bytes
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
+from ridgeline.napkin.kv_dtypes import parse_kv_bytes
 from ridgeline.bench.serve_metrics import Slo
 from ridgeline.sim.link import Link
 from ridgeline.sim.trace import read_trace
@@ -68,7 +69,7 @@ def simulate_command(
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     kv_cache_memory: str = typer.Option(None, "--kv-cache-memory", help="KV budget per replica, e.g. 40GiB (default: 90% of the machine's memory less the weights; 2GiB with --calibrated, as serve)."),
-    kv_bytes: float = typer.Option(2, "--kv-bytes", min=0.5, help="Bytes per KV element (2 = FP16/BF16, 1 = an 8-bit KV cache)."),
+    kv_bytes: str = typer.Option("2", "--kv-bytes", help="Bytes per KV-cache element, or a KV dtype: bf16 = 2, q8_0 = 1.0625 (int8 + an fp16 scale per 32)."),
     precision: str = typer.Option(None, "--precision", help="Matmul precision for the roofline (default: the machine's)."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Do not reuse KV blocks of shared prompt prefixes."),
     no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill", help="Prefill each prompt whole in one step (it waits until it fits)."),
@@ -92,7 +93,7 @@ def simulate_command(
     from ridgeline.sim.setup import SimOptions, deployment, parse_split
     from ridgeline.sim.simulator import simulate
 
-    options = SimOptions(model, weights, hardware, precision, kv_bytes,
+    options = SimOptions(model, weights, hardware, precision, parse_kv_bytes(kv_bytes),
                          parse_bytes(kv_cache_memory) if kv_cache_memory else None, scheduler, block_size, replicas,
                          parse_split(disaggregate), Link(link_gb_s * 1e9, link_latency_us * 1e-6), calibrated, profile,
                          threads)

@@ -2,7 +2,10 @@
 
 A page holds block_size tokens of K and V for the layers of one group. Page p of layer group g is slots
 [p*block_size, (p+1)*block_size) of that group's layers, and each group has its own block table per sequence,
-so moving a sequence's KV to another worker means copying its pages' slots of `data`.
+so moving a sequence's KV to another worker means copying its pages' slots of every tensor in `tensors`.
+
+K and V each have an element type (llama.cpp's -ctk / -ctv): a float type, or Q8_0, whose int8 values and fp16
+block scales are two tensors of the same slots (model/layers/kv_slots.py). What each costs is napkin/kv_dtypes.py.
 """
 
 import math
@@ -15,26 +18,45 @@ from ridgeline.engine.block_manager import longest_fitting_sequence, pages_held
 from ridgeline.errors import RidgelineError
 from ridgeline.model.config import ModelConfig
 from ridgeline.model.kv_groups import layer_groups
+from ridgeline.model.layers.kv_slots import Q8_BLOCK, KVSlots, Q8Slots
+from ridgeline.napkin.kv_dtypes import kv_bytes_per_value, kv_dtype
 
-KV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+FLOAT_STORAGE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
 class KVCacheConfig:
     block_size: int = 16
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # K and V, unless key_dtype or value_dtype names one side apart
     memory_bytes: int = 2 << 30  # budget for K and V of all layers
+    key_dtype: str | None = None
+    value_dtype: str | None = None
+
+    def __post_init__(self):
+        kv_dtype(self.k_dtype), kv_dtype(self.v_dtype)  # an unknown name fails here, naming the choices
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        if self.dtype not in KV_DTYPES:
-            raise RidgelineError(f"unknown KV cache dtype {self.dtype!r} (choose from {', '.join(KV_DTYPES)})")
-        return KV_DTYPES[self.dtype]
+    def k_dtype(self) -> str:
+        return self.key_dtype or self.dtype
+
+    @property
+    def v_dtype(self) -> str:
+        return self.value_dtype or self.dtype
+
+    @property
+    def name(self) -> str:
+        """'q8_0', or 'K q8_0 / V bf16' when the sides differ."""
+        return self.k_dtype if self.k_dtype == self.v_dtype else f"K {self.k_dtype} / V {self.v_dtype}"
+
+    @property
+    def bytes_per_value(self) -> float:
+        """Bytes per cached element, K and V averaged (scales included): what the roofline and simulator take."""
+        return kv_bytes_per_value(self.k_dtype, self.v_dtype)
 
 
 def bytes_per_token(model: ModelConfig, cache: KVCacheConfig) -> int:
-    """K and V of one token in every layer: 2 x kv_heads x head_dim x layers x dtype bytes."""
-    return int(model.kv_bytes_per_token(cache.torch_dtype.itemsize))
+    """K and V of one token in every layer: 2 x kv_heads x head_dim x layers x bytes per value."""
+    return int(model.kv_bytes_per_token(cache.bytes_per_value))
 
 
 def page_bytes(model: ModelConfig, cache: KVCacheConfig) -> int:
@@ -60,24 +82,44 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
 
 
+def side_tensors(dtype: str, layers: int, slots: int, model: ModelConfig, device: torch.device) -> list[torch.Tensor]:
+    """The tensors holding K (or V) of `layers` layers, each [layer, slot, ...]: each layer's part is one contiguous
+    [slots, kv_heads, head_dim] tensor the attention kernel indexes by slot, plus Q8_0's scales."""
+    shape = (layers, slots, model.num_kv_heads, model.head_dim)
+    if dtype in FLOAT_STORAGE:
+        return [zeroed(shape, FLOAT_STORAGE[dtype], device)]
+    row = model.num_kv_heads * model.head_dim
+    if row % Q8_BLOCK:
+        raise RidgelineError(f"a {dtype} KV cache quantises blocks of {Q8_BLOCK} values; this model's K and V rows "
+                             f"have {row} (kv_heads x head_dim)")
+    return [zeroed(shape, torch.int8, device), zeroed((layers, slots, row // Q8_BLOCK), torch.float16, device)]
+
+
 class KVCache:
     def __init__(self, model: ModelConfig, cache: KVCacheConfig, num_pages: int, device: torch.device):
         self.block_size, self.num_pages = cache.block_size, num_pages
         self.groups = layer_groups(model)
-        # [layer within group, K/V, slot, kv_heads, head_dim]: each layer's K (or V) is one contiguous
-        # [slots, kv_heads, head_dim] tensor that the attention kernel indexes by slot.
-        self.data = zeroed((len(self.groups[0].layers), 2, num_pages * cache.block_size, model.num_kv_heads,
-                            model.head_dim), cache.torch_dtype, device)
+        layers, slots = len(self.groups[0].layers), num_pages * cache.block_size
+        self.sides = [side_tensors(dtype, layers, slots, model, device) for dtype in (cache.k_dtype, cache.v_dtype)]
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the cache, K's then V's, each [layer within group, slot, ...]: a page is their slots."""
+        return [tensor for side in self.sides for tensor in side]
 
     @classmethod
     def for_blocks(cls, model: ModelConfig, cache: KVCacheConfig, num_blocks: int, device: torch.device) -> "KVCache":
         """A pool where each of `num_blocks` blocks has a page in every group (see group_tables)."""
         return cls(model, cache, num_blocks * len(layer_groups(model)), device)
 
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def layers(self) -> list[tuple[KVSlots, KVSlots]]:
         """(K, V) of every layer, in layer order."""
         where = {layer: index for group in self.groups for index, layer in enumerate(group.layers)}
-        return [(self.data[where[i], 0], self.data[where[i], 1]) for i in sorted(where)]
+
+        def slots(side: list[torch.Tensor], index: int) -> KVSlots:
+            return side[0][index] if len(side) == 1 else Q8Slots(side[0][index], side[1][index])
+
+        return [(slots(self.sides[0], where[i]), slots(self.sides[1], where[i])) for i in sorted(where)]
 
     def group_tables(self, blocks: list[int]) -> list[list[int]]:
         """Block tables of a sequence holding `blocks` when each block owns a page in every group (page
@@ -86,6 +128,12 @@ class KVCache:
         if blocks and max(blocks) * count + count > self.num_pages:
             raise RidgelineError(f"block {max(blocks)} needs {max(blocks) * count + count} pages; the cache has {self.num_pages}")
         return [[block * count + group for block in blocks] for group in range(count)]
+
+
+def pages_per_sequence(model: ModelConfig, cache: KVCacheConfig, seq_len: int) -> int:
+    """Pages one sequence of seq_len tokens holds: every block in a full-attention group, the window's in a
+    sliding-window group."""
+    return sum(pages_held(seq_len, 0, group.window, cache.block_size) for group in layer_groups(model))
 
 
 def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, max_chunk_tokens: int,
@@ -98,11 +146,11 @@ def describe_capacity(model: ModelConfig, cache: KVCacheConfig, num_pages: int, 
     windows = [group.window for group in groups]
     per_token = bytes_per_token(model, cache)
     tokens = num_pages * cache.block_size // len(groups)
-    per_seq_pages = sum(pages_held(seq_len, 0, window, cache.block_size) for window in windows)
+    per_seq_pages = pages_per_sequence(model, cache, seq_len)
     longest = longest_fitting_sequence(num_pages, max_chunk_tokens, windows, cache.block_size, model.max_context)
     line = (f"KV cache: {num_pages:,} pages x {cache.block_size} tokens x {len(groups[0].layers)} layers = {tokens:,} "
-            f"tokens of all layers ({per_token:,} B/token in {cache.dtype}: 2 x {model.num_kv_heads} kv_heads x "
-            f"{model.head_dim} head_dim x {model.num_layers} layers x {cache.torch_dtype.itemsize} B)")
+            f"tokens of all layers ({per_token:,} B/token in {cache.name}: 2 x {model.num_kv_heads} kv_heads x "
+            f"{model.head_dim} head_dim x {model.num_layers} layers x {cache.bytes_per_value:g} B)")
     if model.sliding_layers:
         num_full = model.num_layers - len(model.sliding_layers)
         line += (f"; past the {model.sliding_window:,}-token sliding window a token costs "

@@ -17,6 +17,7 @@ import torch
 from ridgeline.engine.block_manager import RELEASED, first_readable_block
 from ridgeline.engine.kv_cache import KVCache
 from ridgeline.errors import RidgelineError
+from ridgeline.napkin.kv_dtypes import kv_dtype
 
 
 class KVHandoffError(RidgelineError):
@@ -28,7 +29,8 @@ class KVLayout:
     """Everything that decides what a page's bytes mean. Two engines exchange pages only when these agree."""
 
     model: str  # the model's identity: its name and a digest of its configuration and weights' shapes
-    kv_dtype: str
+    k_dtype: str  # a bf16 page and a q8_0 page of the same tokens differ in size and meaning: both are in the digest
+    v_dtype: str
     block_size: int
     windows: tuple[int | None, ...]  # per layer group
     layers_per_group: int
@@ -37,15 +39,12 @@ class KVLayout:
 
     @property
     def page_bytes(self) -> int:
-        itemsize = torch.empty(0, dtype=_DTYPES[self.kv_dtype]).element_size()
-        return self.layers_per_group * 2 * self.block_size * self.num_kv_heads * self.head_dim * itemsize
+        per_value = kv_dtype(self.k_dtype).bytes_per_value + kv_dtype(self.v_dtype).bytes_per_value  # K + V
+        return int(self.layers_per_group * self.block_size * self.num_kv_heads * self.head_dim * per_value)
 
     def digest(self) -> str:
         """The compatibility hash the two sides compare in their handshake."""
         return hashlib.sha256(repr(self).encode()).hexdigest()
-
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -80,25 +79,27 @@ def pages_to_move(num_tokens: int, windows: tuple[int | None, ...], block_size: 
             for block in range(first_readable_block(num_tokens, window, block_size), num_blocks)]
 
 
-def page_tensor(kv_cache: KVCache, page: int) -> torch.Tensor:
-    """A view of one page's K and V in every layer of its group: [layers, 2, block_size, kv_heads, head_dim]."""
+def page_tensors(kv_cache: KVCache, page: int) -> list[torch.Tensor]:
+    """Views of one page's K and V in every layer of its group, one per cache tensor (K's, then V's; a Q8_0 side
+    has its int8 values and fp16 scales): each [layers, block_size, ...]."""
     if page == RELEASED or not 0 <= page < kv_cache.num_pages:
         raise KVHandoffError(f"page {page} is not a page of this cache")
     bs = kv_cache.block_size
-    return kv_cache.data[:, :, page * bs:(page + 1) * bs]
+    return [tensor[:, page * bs:(page + 1) * bs] for tensor in kv_cache.tensors]
 
 
 def read_page(kv_cache: KVCache, page: int) -> bytes:
-    return page_tensor(kv_cache, page).contiguous().view(torch.uint8).numpy().tobytes()
+    return b"".join(view.contiguous().view(torch.uint8).numpy().tobytes() for view in page_tensors(kv_cache, page))
 
 
 def write_page(kv_cache: KVCache, page: int, payload: bytes) -> None:
-    target = page_tensor(kv_cache, page)
-    expected = target.numel() * target.element_size()
-    if len(payload) != expected:
-        raise KVHandoffError(f"a page holds {expected} bytes, {len(payload)} arrived")
-    source = torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(target.dtype).view(target.shape)
-    target.copy_(source)
+    targets = page_tensors(kv_cache, page)
+    sizes = [target.numel() * target.element_size() for target in targets]
+    if len(payload) != sum(sizes):
+        raise KVHandoffError(f"a page holds {sum(sizes)} bytes, {len(payload)} arrived")
+    source = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    for target, part in zip(targets, source.split(sizes)):
+        target.copy_(part.view(target.dtype).view(target.shape))
 
 
 def payload_digest(payload: bytes) -> bytes:

@@ -14,12 +14,15 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None, max_model_len: int | None = None):
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None, max_model_len: int | None = None,
+                 kv_cache_dtype: str | None = None):
         config = config or EngineConfig()
         if model is not None:
             config = replace(config, model=model)
         if max_model_len is not None:
             config = replace(config, max_model_len=max_model_len)
+        if kv_cache_dtype is not None:  # as vLLM's LLM(kv_cache_dtype=...): K and V both
+            config = replace(config, kv_cache=replace(config.kv_cache, dtype=kv_cache_dtype))
         self.engine = LLMEngine(config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

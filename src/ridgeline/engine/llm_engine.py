@@ -68,7 +68,7 @@ class LLMEngine:
         self.runner = assembled.runner
         # The napkin model's view of the same file (its header only): what each step reads and computes.
         model_path = None if config.model is None else str(config.model)
-        self.steps = StepRecorder(load_model_shape(model_path), config.kv_cache.torch_dtype.itemsize)
+        self.steps = StepRecorder(load_model_shape(model_path), config.kv_cache.bytes_per_value)
         self.num_pages = assembled.kv_cache.num_pages
         self.capacity_report = describe_capacity(self.model_config, config.kv_cache, self.num_pages,
                                                  config.scheduler.max_num_batched_tokens)
@@ -209,7 +209,7 @@ class LLMEngine:
         shape = (config.architecture, config.vocab_size, config.hidden_size, config.num_layers, config.num_heads,
                  config.num_kv_heads, config.head_dim, config.sliding_window, tuple(config.sliding_layers))
         model = f"{self.model_name}:{shape}:{self.config.dtype}:{self.config.lm_head}"
-        return KVLayout(model=model, kv_dtype=self.config.kv_cache.dtype,
+        return KVLayout(model=model, k_dtype=self.config.kv_cache.k_dtype, v_dtype=self.config.kv_cache.v_dtype,
                         block_size=cache.block_size, windows=tuple(group.window for group in cache.groups),
                         layers_per_group=len(cache.groups[0].layers), num_kv_heads=config.num_kv_heads,
                         head_dim=config.head_dim)

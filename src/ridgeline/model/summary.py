@@ -4,6 +4,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ridgeline.model.checkpoint import Checkpoint
+from ridgeline.napkin.kv_dtypes import KV_DTYPES
 
 
 @dataclass
@@ -34,5 +35,6 @@ def summarize(checkpoint: Checkpoint) -> ModelSummary:
         group[1] += tensor.numel
         group[2] += tensor.nbytes
     by_type = sorted((TypeBytes(name, *values) for name, values in groups.items()), key=lambda t: -t.nbytes)
-    kv = {name: checkpoint.config.kv_bytes_per_token(size) for name, size in (("fp32", 4), ("bf16", 2), ("int8", 1))}
+    kv = {name: checkpoint.config.kv_bytes_per_token(dtype.bytes_per_value) for name, dtype in KV_DTYPES.items()
+          if name != "fp16"}  # as many bytes as bf16
     return ModelSummary(by_type, sum(t.parameters for t in by_type), sum(t.nbytes for t in by_type), kv)

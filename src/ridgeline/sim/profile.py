@@ -20,7 +20,6 @@ from ridgeline.sim.calibrated import Profile
 from ridgeline.sim.stamp import current_stamp
 from ridgeline.sim.step_time import StepTerms, TermsOf
 
-KV_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 WARMUP_STEPS = 4
 DECODE_STEPS = 3
 
@@ -61,7 +60,7 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
 
     engine = LLMEngine(config)
     shape = shape_from_checkpoint(read_checkpoint(config.model))
-    timer = StepTimer(engine, TermsOf(shape, KV_DTYPE_BYTES[config.kv_cache.dtype]))
+    timer = StepTimer(engine, TermsOf(shape, config.kv_cache.bytes_per_value))
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     counter = iter(range(10**9))
@@ -92,7 +91,7 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
                 engine.abort(request_id)
             while engine.has_unfinished():
                 timer.step()
-    settings = {"model": engine.model_name, "kv_cache_dtype": config.kv_cache.dtype,
+    settings = {"model": engine.model_name, "kv_cache_dtype": config.kv_cache.name,
                 "block_size": config.kv_cache.block_size, "dtype": config.dtype, "lm_head": config.lm_head}
     stamp = current_stamp(engine.model_name, config.threads or torch.get_num_threads())
     return Profile.fit(stamp, timer.rows, settings)

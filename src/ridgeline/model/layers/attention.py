@@ -5,6 +5,7 @@ from torch import nn
 
 from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.layers.attention_kernel import paged_attention
+from ridgeline.model.layers.kv_slots import KVSlots, float_pages, write_slots
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import apply_rope
 from ridgeline.model.layers.shared_input import SharedInputLinear
@@ -25,12 +26,12 @@ class PagedAttention(nn.Module):
         self.group = group  # the layer group (model/kv_groups.py) whose block tables and window this layer uses
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch,
-                cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                cache: tuple[KVSlots, KVSlots]) -> torch.Tensor:
         paths = batch.row_paths
         q, k, v = self.qkv(x, paths)
         k_cache, v_cache = cache
         view = batch.groups[self.group]
-        if self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
+        if float_pages(k_cache, v_cache) and self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
             # QK-norm, RoPE and the cache writes in one call: a dozen torch calls per layer otherwise
             norms = (NO_TENSOR, NO_TENSOR, 0.0) if self.q_norm is None else (
                 self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
@@ -48,6 +49,6 @@ class PagedAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, slots, v.reshape(tokens, self.num_kv_heads, self.head_dim).to(v_cache.dtype))
+        write_slots(k_cache, slots, k)
+        write_slots(v_cache, slots, v.reshape(tokens, self.num_kv_heads, self.head_dim))
         return q

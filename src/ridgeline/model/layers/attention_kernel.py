@@ -8,20 +8,25 @@ bits may depend on how the sequence was chunked.
 Attention sinks (gpt-oss): one learned logit per query head joins each row's softmax denominator without a value,
 so softmax(scores ++ [sink])[:-1] weighs the values. SDPA has no such term; with sinks the torch path computes
 the softmax itself.
+
+A Q8_0 cache (model/layers/kv_slots.py) takes the torch path: the compiled kernel reads float pages, and it is
+being reworked (the lead's AVX2 kernels), so it learns Q8_0 there. The torch path dequantises only the slots each
+chunk gathers, never the whole cache.
 """
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from ridgeline.model.attention_batch import AttentionBatch, GroupView
+from ridgeline.model.layers.kv_slots import KVSlots, float_pages, read_slots
 from ridgeline.model.native import NO_TENSOR, compiled
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+def paged_attention(q: torch.Tensor, k_cache: KVSlots, v_cache: KVSlots, batch: AttentionBatch,
                     group: GroupView, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, heads, head_dim]; caches [slots, kv_heads, head_dim]; sinks None or [heads] fp32
     -> [T, heads, head_dim] in q's dtype."""
-    module = compiled() if q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
+    module = compiled() if float_pages(k_cache, v_cache) and q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
     if module is None:
         return paged_attention_reference(q, k_cache, v_cache, batch, group, scale, sinks)
     out = module.paged_attention(q.float().contiguous(), k_cache, v_cache, group.block_tables, batch.row_seq,
@@ -30,7 +35,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out.to(q.dtype)
 
 
-def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+def paged_attention_reference(q: torch.Tensor, k_cache: KVSlots, v_cache: KVSlots, batch: AttentionBatch,
                               group: GroupView, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -40,7 +45,8 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         key_pos = torch.arange(min(begins[first:last]), ends[last - 1], device=q.device)
         table = group.block_tables[chunk].long()
         slots = table[key_pos // batch.block_size] * batch.block_size + key_pos % batch.block_size
-        keys, values = (cache[slots].to(q.dtype).transpose(0, 1) for cache in (k_cache, v_cache))  # [kv_heads, n, d]
+        # [kv_heads, n, d]: only this chunk's slots, dequantised where the cache is Q8_0
+        keys, values = (read_slots(cache, slots, q.dtype).transpose(0, 1) for cache in (k_cache, v_cache))
         rows = last - first
         # Query heads sharing a KV head become extra queries of it: [kv_heads, groups * rows, d].
         queries = q[first:last].view(rows, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)
