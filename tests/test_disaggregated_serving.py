@@ -1,9 +1,11 @@
 """Disaggregated serving end to end: `ridgeline proxy` in front of a prefill worker and a decode worker (real
 servers on loopback, the official `openai` client), against a colocated server on the same tiny model. Greedy
 answers, streamed or whole, chat or completions, are the colocated ones; usage counts the same; KV pages moved
-between the workers; and every failure -- a dead prefill worker, a client gone between prefill and decode, a
-decode worker killed mid-stream -- ends in an explicit error with no page leaked on any worker."""
+between the workers; and every failure -- a dead prefill worker, one killed while its pages stream, a client gone
+between prefill and decode, a decode worker killed mid-stream -- ends in an explicit error with no page leaked on
+any worker."""
 
+import threading
 import time
 
 import httpx
@@ -98,6 +100,46 @@ def test_a_prefill_worker_gone_before_the_pull_fails_the_request_cleanly():
             "kv_transfer_params": {**kv, "do_remote_prefill": True}}, timeout=30)
         assert time.monotonic() - started < 20  # the fetch deadline is 30 s: the failure came first
         assert failed.status_code == 502 and failed.json()["error"]["code"] == "kv_transfer_failed"
+        assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
+        assert_no_pages_leaked(decode.url)
+
+
+def wait_for(condition, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prefill_worker_killed_mid_transfer_fails_the_request_cleanly(stream):
+    """The prefill worker's link is paced at 1 byte/s: its first page leaves at once, the next would take minutes,
+    so "mid-transfer" is a state the test sees (pages sent > 0 on the prefill worker's /metrics), not a guess.
+    Killed there, the decode worker's socket monitor sees the connection drop: the client gets an explicit
+    kv_transfer_failed (a 502, or an error event in the stream), long before the 30 s fetch deadline, and the
+    decode worker holds no page for the request."""
+    with serve("decode") as decode, serve_tiny_model_process("--role", "prefill", "--kv-link-rate", "1") as (process, prefill):
+        with BackgroundServer(create_front_app(FrontConfig((prefill,), (decode.url,), local_prefill_tokens=1))) as proxy:
+            outcome: dict = {}
+
+            def ask() -> None:
+                try:
+                    outcome["answer"] = completion_text(proxy.url, PROMPTS[0], stream)
+                except openai.APIError as error:
+                    outcome["error"] = error
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            wait_for(lambda: metric(prefill, "ridgeline_kv_transfer_pages_sent") >= 1)
+            assert metric(decode.url, "ridgeline_kv_cache_free_pages") < metric(decode.url, "ridgeline_kv_cache_total_pages")
+            process.kill()
+            killed = time.monotonic()
+            asking.join(timeout=60)
+            assert not asking.is_alive(), "the client is still waiting"
+            assert time.monotonic() - killed < 15, "the failure must come from the dropped link, not a deadline"
+        assert "answer" not in outcome
+        assert "kv_transfer_failed" in str(outcome["error"]) or "KV transfer failed" in str(outcome["error"])
+        assert "after 1 of" in str(outcome["error"])  # mid-transfer: one page had arrived
         assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
         assert_no_pages_leaked(decode.url)
 

@@ -51,6 +51,7 @@ class ServerConfig:
     kv_bind: str = "tcp://127.0.0.1:*"  # a prefill worker's KV endpoint (port * = any free port)
     kv_advertise_host: str | None = None  # the host decode workers reach it at, if not the bound one
     kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
+    kv_link_bytes_per_second: float | None = None  # a prefill worker paces its KV pages so (emulates a slow link)
     request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)
     max_connections: int | None = 4096  # beyond this uvicorn answers 503 at once instead of taking the socket
     hardware: str = THIS_MACHINE  # the machine the dashboard's roofline is drawn for (catalogue name or measured)
@@ -82,7 +83,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         await driver.start()
         if config.role == "prefill":
             role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_lock)
-            kv_server = ZmqKVServer(role.kv_source, config.kv_bind)
+            kv_server = ZmqKVServer(role.kv_source, config.kv_bind, link_bytes_per_second=config.kv_link_bytes_per_second)
             role.kv_address = advertised(kv_server.address, config.kv_advertise_host)
         yield
         if kv_server is not None:
@@ -127,9 +128,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def prometheus_metrics() -> Response:
         with driver.engine_lock:  # pages freed off the engine thread (a KV source's Done) count at once
             metrics.observe_engine(engine.stats())
+        if kv_server is not None:
+            metrics.kv_pages_sent.set(kv_server.pages_sent)
+            metrics.kv_bytes_sent.set(kv_server.page_bytes_sent)
         if role.kv_source is not None:
-            metrics.kv_pages_sent.set(role.kv_source.num_pages_served)
-            metrics.kv_bytes_sent.set(role.kv_source.num_bytes_served)
             metrics.kv_held_requests.set(len(engine.scheduler.held))
         return Response(metrics.render(), media_type=metrics.content_type)
 
