@@ -154,6 +154,50 @@ def test_a_client_gone_between_prefill_and_decode_releases_the_pages(cluster):
     assert_no_pages_leaked(prefill)
 
 
+def test_the_proxy_moves_only_what_the_decode_workers_prefix_cache_lacks():
+    """The proxy asks the decode worker (POST /v1/kv/lookup) how much of the prompt its prefix cache holds. A
+    repeated prompt's uncached part is under a block, shorter than the threshold: it is prefilled on the decode
+    worker and moves no page. A longer prompt sharing it goes to the prefill worker, and only the blocks the decode
+    worker lacks travel. Every answer is the colocated one."""
+    prompt = "A prompt only this test sends, about pages and caches and the things that move between workers. "
+    longer = prompt + "And then a new ending, long enough to be worth a prefill worker of its own."
+    block = 16
+    with serve("prefill") as prefill, serve("decode") as decode, serve() as colocated:
+        config = FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=block + 1)
+        with BackgroundServer(create_front_app(config)) as proxy:
+
+            def moved() -> tuple[float, float]:
+                return (metric(decode.url, "ridgeline_kv_transfer_pages_received_total"),
+                        metric(decode.url, "ridgeline_kv_transfer_bytes_received_total"))
+
+            def held(text: str) -> dict:
+                return httpx.post(f"{decode.url}/v1/kv/lookup", json={"prompt": text}).json()
+
+            assert held(prompt)["cached_tokens"] == 0
+            assert completion_text(proxy.url, prompt, False) == completion_text(colocated.url, prompt, False)
+            first_pages, first_bytes = moved()
+            tokens = held(prompt)
+            assert first_pages == -(-tokens["prompt_tokens"] // block)  # the whole prompt moved
+            assert tokens["cached_tokens"] == (tokens["prompt_tokens"] - 1) // block * block
+
+            assert completion_text(proxy.url, prompt, False) == completion_text(colocated.url, prompt, False)
+            assert moved() == (first_pages, first_bytes)  # the repeat moved nothing
+            placements = [line for line in httpx.get(f"{proxy.url}/metrics").text.splitlines()
+                          if line.startswith("ridgeline_front_prefills_total")]
+            assert sorted(placements) == ['ridgeline_front_prefills_total{placement="local"} 1.0',
+                                          'ridgeline_front_prefills_total{placement="remote"} 1.0']
+            assert metric(prefill.url, "ridgeline_kv_transfer_pages_sent") == first_pages
+
+            shared = held(longer)
+            assert 0 < shared["cached_tokens"] < shared["prompt_tokens"] - block
+            assert completion_text(proxy.url, longer, False) == completion_text(colocated.url, longer, False)
+            pages, page_bytes = moved()
+            expected = -(-shared["prompt_tokens"] // block) - shared["cached_tokens"] // block
+            assert pages - first_pages == expected  # the blocks the decode worker lacked, no more
+            assert (page_bytes - first_bytes) / expected == first_bytes / first_pages
+        assert_no_pages_leaked(prefill.url, decode.url)
+
+
 def test_kv_params_on_the_wrong_role_are_refused(cluster):
     _, decode, colocated, _ = cluster
     for url, params in ((colocated, {"do_remote_decode": True}), (decode, {"do_remote_decode": True}),

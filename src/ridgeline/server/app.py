@@ -27,6 +27,7 @@ from ridgeline.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    KVLookupRequest,
     KVReleaseRequest,
     ModelCard,
     ModelList,
@@ -142,6 +143,18 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             raise APIError(400, "this server is not a prefill worker", "request_id")
         role.kv_source.drop(request.request_id)
         return JSONResponse({"released": request.request_id})
+
+    @app.post("/v1/kv/lookup")
+    async def lookup_kv(request: KVLookupRequest) -> Response:
+        """How many leading tokens of this prompt the prefix cache holds (whole blocks of sha256 chain hashes): a
+        front prefills on this worker what is cached or short enough, and moves KV only for the rest."""
+        ctx.check_model(request.model)
+        if request.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
+        else:
+            tokens = ctx.prompt_ids(request.prompt, "prompt")
+        return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens)})
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:
