@@ -76,25 +76,40 @@ async def run_load(url: str, args: argparse.Namespace) -> dict:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         longs_done = asyncio.Event()
 
+        async def timed(prompt: Prompt):
+            """(when it was sent, its result): chunk times are relative to the send."""
+            sent = time.perf_counter()
+            return sent, await send_request(client, config, model, prompt)
+
         async def stream(index: int) -> list:
             rng, results = random.Random(1000 + index), []
             while not longs_done.is_set():
-                results.append(await send_request(client, config, model, Prompt(words(48, rng), args.stream_tokens)))
+                results.append(await timed(Prompt(words(48, rng), args.stream_tokens)))
             return results
 
         async def long_prompt(at: float, text: str):
             await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
-            return await send_request(client, config, model, Prompt(text, args.long_output))
+            return await timed(Prompt(text, args.long_output))
 
         began = time.perf_counter()
         streams = [asyncio.create_task(stream(i)) for i in range(args.streams)]
         await asyncio.sleep(2.0)  # the streams are decoding before the first long prompt comes
         started = time.perf_counter()
-        long_results = await asyncio.gather(*(long_prompt(at, text) for at, text in long_prompts(args)))
+        timed_longs = await asyncio.gather(*(long_prompt(at, text) for at, text in long_prompts(args)))
         longs_done.set()
-        stream_results = [r for results in await asyncio.gather(*streams) for r in results]
+        timed_streams = [r for results in await asyncio.gather(*streams) for r in results]
         duration = time.perf_counter() - began
+    long_results = [r for _, r in timed_longs]
+    stream_results = [r for _, r in timed_streams]
     itls = [gap for r in stream_results if r.ok for gap in r.itls_s]
+    # Which stream gaps overlapped a long prompt's own decoding (first token to last, as its client saw it): a
+    # 2,000-token context in the decode batch costs every step more, whoever prefilled it.
+    decoding = [(sent + r.ttft_s, sent + r.e2e_s) for sent, r in timed_longs if r.ok]
+    alongside, alone = [], []
+    for sent, r in timed_streams:
+        for begin, end in zip(r.chunk_times_s, r.chunk_times_s[1:]):
+            overlaps = any(sent + begin < until and sent + end > since for since, until in decoding)
+            (alongside if overlaps else alone).append(end - begin)
     everything = summarise(stream_results + list(long_results), duration, slo)
     longs = summarise(list(long_results), duration, slo)
     return {
@@ -104,7 +119,14 @@ async def run_load(url: str, args: argparse.Namespace) -> dict:
         "good_requests": everything["good_requests"], "requests": everything["requests"],
         "failed": everything["failed"], "errors": everything["errors"], "long_prompts": len(long_results),
         "long_prompt_tokens": [r.usage_prompt_tokens for r in long_results], "seconds": duration,
+        "stream_itl_alone_ms": percentiles_ms(alone), "stream_itl_alongside_long_decode_ms": percentiles_ms(alongside),
     }
+
+
+def percentiles_ms(gaps: list[float]) -> dict:
+    if not gaps:
+        return {"samples": 0}
+    return {"samples": len(gaps), "p50": float(np.percentile(gaps, 50) * 1e3), "p99": float(np.percentile(gaps, 99) * 1e3)}
 
 
 def colocated(budget: int | None, model: list[str], args: argparse.Namespace) -> dict:
