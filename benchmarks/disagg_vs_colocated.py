@@ -1,14 +1,21 @@
-"""Disaggregated vs colocated serving, DistServe-style, side by side in one run on this machine.
+"""Disaggregated vs colocated serving, DistServe-style, on this machine.
 
-    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_vs_colocated.py [--duration 60] [--json out.json]
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_vs_colocated.py --json out.json [--settings ...]
 
-The load the seeds describe: --streams requests decoding (short prompts, long outputs) while --long-prompt-token
-prompts arrive as a Poisson process (--long-rate per second). Settings, each on fresh servers:
-  colocated, chunked prefill at each --budgets token budget, and unchunked (one server, --threads 2);
+The load the seeds describe: --streams requests decoding all the time (closed loop: a stream that finishes is
+replaced by the next, short prompt, --stream-tokens of output) while --long-prompt-tokens prompts arrive as a
+Poisson process (--long-rate per second, for --duration seconds; the arrival times and every prompt are drawn
+from fixed seeds, so each setting gets exactly the same load). The streams keep going until the last long prompt
+has its answer. Settings, each on fresh servers:
+  chunked-B: colocated, chunked prefill at a token budget of B per step (one server, --threads 2);
+  unchunked: colocated, one step takes a whole prompt;
   disaggregated: a prefill worker pinned to core 0 and a decode worker pinned to core 1 (--threads 1 each),
   behind `ridgeline proxy` (every prompt prefilled remotely).
 Reported per setting: the streams' ITL p50/p99 (target for disaggregated: p99 <= 1.3x p50), the long prompts'
 TTFT (transfer included), output tokens/s, and goodput (requests/s meeting both --slo-ttft-ms and --slo-itl-ms).
+
+--settings runs some of them; with --json, results are added to the file's (which must hold the same load), so a
+long comparison can run as one invocation per setting and still print one table.
 """
 
 import argparse
@@ -19,12 +26,16 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 
 from ridgeline.bench.bench_serve import FILLER_WORDS, BenchServeConfig, Prompt, send_request
 from ridgeline.bench.serve_metrics import Slo, summarise
+
+LOAD_ARGS = ("model", "streams", "stream_tokens", "long_prompt_tokens", "long_output", "long_rate", "duration",
+             "slo_ttft_ms", "slo_itl_ms")
 
 
 def start(args: list[str], cores: str | None = None) -> tuple[subprocess.Popen, str]:
@@ -49,80 +60,150 @@ def words(count: int, rng: random.Random) -> str:
     return " ".join(rng.choice(FILLER_WORDS) for _ in range(count))
 
 
+def long_prompts(args: argparse.Namespace) -> list[tuple[float, str]]:
+    """(arrival second, prompt) of every long prompt: the same for every setting."""
+    rng, arrivals, at = random.Random(0), [], 0.0
+    while at < args.duration:
+        arrivals.append((at, words(args.long_prompt_tokens, rng)))
+        at += rng.expovariate(args.long_rate)
+    return arrivals
+
+
 async def run_load(url: str, args: argparse.Namespace) -> dict:
-    rng = random.Random(0)
     config = BenchServeConfig(base_url=url)
     slo = Slo(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms)
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(args.duration * 4)) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800.0)) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        streams = [asyncio.create_task(send_request(client, config, model, Prompt(words(48, rng), args.stream_tokens)))
-                   for _ in range(args.streams)]
+        longs_done = asyncio.Event()
+
+        async def timed(prompt: Prompt):
+            """(when it was sent, its result): chunk times are relative to the send."""
+            sent = time.perf_counter()
+            return sent, await send_request(client, config, model, prompt)
+
+        async def stream(index: int) -> list:
+            rng, results = random.Random(1000 + index), []
+            while not longs_done.is_set():
+                results.append(await timed(Prompt(words(48, rng), args.stream_tokens)))
+            return results
+
+        async def long_prompt(at: float, text: str):
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
+            return await timed(Prompt(text, args.long_output))
+
+        began = time.perf_counter()
+        streams = [asyncio.create_task(stream(i)) for i in range(args.streams)]
         await asyncio.sleep(2.0)  # the streams are decoding before the first long prompt comes
-        started, longs = time.perf_counter(), []
-        while (elapsed := time.perf_counter() - started) < args.duration:
-            longs.append(asyncio.create_task(send_request(client, config, model,
-                                                          Prompt(words(args.long_prompt_tokens, rng), args.long_output))))
-            await asyncio.sleep(rng.expovariate(args.long_rate))
-        stream_results = await asyncio.gather(*streams)
-        long_results = await asyncio.gather(*longs)
-        duration = time.perf_counter() - started + 2.0
+        started = time.perf_counter()
+        timed_longs = await asyncio.gather(*(long_prompt(at, text) for at, text in long_prompts(args)))
+        longs_done.set()
+        timed_streams = [r for results in await asyncio.gather(*streams) for r in results]
+        duration = time.perf_counter() - began
+    long_results = [r for _, r in timed_longs]
+    stream_results = [r for _, r in timed_streams]
     itls = [gap for r in stream_results if r.ok for gap in r.itls_s]
-    everything = summarise(list(stream_results) + list(long_results), duration, slo)
+    # Which stream gaps overlapped a long prompt's own decoding (first token to last, as its client saw it): a
+    # 2,000-token context in the decode batch costs every step more, whoever prefilled it.
+    decoding = [(sent + r.ttft_s, sent + r.e2e_s) for sent, r in timed_longs if r.ok]
+    alongside, alone = [], []
+    for sent, r in timed_streams:
+        for begin, end in zip(r.chunk_times_s, r.chunk_times_s[1:]):
+            overlaps = any(sent + begin < until and sent + end > since for since, until in decoding)
+            (alongside if overlaps else alone).append(end - begin)
+    everything = summarise(stream_results + list(long_results), duration, slo)
+    longs = summarise(list(long_results), duration, slo)
     return {
         "stream_itl_p50_ms": float(np.percentile(itls, 50) * 1e3), "stream_itl_p99_ms": float(np.percentile(itls, 99) * 1e3),
-        "long_ttft_p50_ms": summarise(long_results, duration, slo)["ttft_ms"]["p50"],
-        "long_ttft_p99_ms": summarise(long_results, duration, slo)["ttft_ms"]["p99"],
+        "long_ttft_p50_ms": longs["ttft_ms"]["p50"], "long_ttft_p99_ms": longs["ttft_ms"]["p99"],
         "output_tokens_per_s": everything["output_tokens_per_s"], "goodput_rps": everything["goodput"],
-        "failed": everything["failed"], "long_prompts": len(long_results),
+        "good_requests": everything["good_requests"], "requests": everything["requests"],
+        "failed": everything["failed"], "errors": everything["errors"], "long_prompts": len(long_results),
+        "long_prompt_tokens": [r.usage_prompt_tokens for r in long_results], "seconds": duration,
+        "stream_itl_alone_ms": percentiles_ms(alone), "stream_itl_alongside_long_decode_ms": percentiles_ms(alongside),
     }
+
+
+def percentiles_ms(gaps: list[float]) -> dict:
+    if not gaps:
+        return {"samples": 0}
+    return {"samples": len(gaps), "p50": float(np.percentile(gaps, 50) * 1e3), "p99": float(np.percentile(gaps, 99) * 1e3)}
+
+
+def colocated(budget: int | None, model: list[str], args: argparse.Namespace) -> dict:
+    batched = str(budget) if budget else str(args.long_prompt_tokens * 2)  # unchunked: a whole prompt in one step
+    process, url = start(["serve", *model, "--threads", "2", "--kv-cache-memory", "1GiB",
+                          "--max-num-batched-tokens", batched])
+    try:
+        return asyncio.run(run_load(url, args))
+    finally:
+        process.kill()
+
+
+def disaggregated(model: list[str], args: argparse.Namespace) -> dict:
+    common = ["--threads", "1", "--kv-cache-memory", "1GiB"]
+    prefill, prefill_url = start(["serve", *model, *common, "--role", "prefill", "--max-num-batched-tokens",
+                                  str(args.long_prompt_tokens * 2)], cores="0")
+    decode, decode_url = start(["serve", *model, *common, "--role", "decode", "--max-num-batched-tokens", "256"],
+                               cores="1")
+    proxy, proxy_url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url, "--local-prefill-tokens", "1"],
+                             cores="1")
+    try:
+        return asyncio.run(run_load(proxy_url, args))
+    finally:
+        for process in (proxy, prefill, decode):
+            process.kill()
+
+
+def table(settings: dict[str, dict]) -> str:
+    lines = ["| setting | stream ITL p50 ms | p99 ms | p99/p50 | long TTFT p50 ms | p99 ms | output tok/s | "
+             "goodput req/s (good/all) |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in settings.items():
+        lines.append(f"| {name} | {r['stream_itl_p50_ms']:.1f} | {r['stream_itl_p99_ms']:.1f} | "
+                     f"{r['stream_itl_p99_ms'] / r['stream_itl_p50_ms']:.2f} | {r['long_ttft_p50_ms']:,.0f} | "
+                     f"{r['long_ttft_p99_ms']:,.0f} | {r['output_tokens_per_s']:.1f} | {r['goodput_rps']:.3f} "
+                     f"({r['good_requests']}/{r['requests']}) |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: the bundled model)")
     parser.add_argument("--budgets", default="64,256", help="chunk budgets of the colocated runs")
+    parser.add_argument("--settings", default=None,
+                        help="run only these, comma-separated (chunked-B, unchunked, disaggregated); default: all")
     parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--stream-tokens", type=int, default=400, help="each stream's output (long enough to span the run)")
-    parser.add_argument("--long-prompt-tokens", type=int, default=2000)
+    parser.add_argument("--stream-tokens", type=int, default=48, help="output of each stream request")
+    parser.add_argument("--long-prompt-tokens", type=int, default=2000, help="words of each long prompt (~tokens)")
     parser.add_argument("--long-output", type=int, default=16)
-    parser.add_argument("--long-rate", type=float, default=0.1, help="long prompts per second (Poisson)")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of long-prompt arrivals per setting")
-    parser.add_argument("--slo-ttft-ms", type=float, default=15000.0)
-    parser.add_argument("--slo-itl-ms", type=float, default=200.0)
-    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--long-rate", type=float, default=0.025, help="long prompts per second (Poisson)")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of long-prompt arrivals per setting")
+    parser.add_argument("--slo-ttft-ms", type=float, default=40000.0)
+    parser.add_argument("--slo-itl-ms", type=float, default=600.0, help="applied to each request's mean ITL")
+    parser.add_argument("--json", default=None, help="add the results to this file (same load only)")
     args = parser.parse_args()
+    names = [f"chunked-{b}" for b in args.budgets.split(",")] + ["unchunked", "disaggregated"]
+    chosen = names if args.settings is None else args.settings.split(",")
+    if unknown := set(chosen) - set(names):
+        parser.error(f"unknown settings {sorted(unknown)} (choose from {', '.join(names)})")
+    load = {key: getattr(args, key) for key in LOAD_ARGS}
+    saved = {"load": load, "settings": {}}
+    if args.json and Path(args.json).exists():
+        saved = json.loads(Path(args.json).read_text())
+        if saved["load"] != load:
+            parser.error(f"{args.json} holds results under another load ({saved['load']}): use another file")
+    print(f"long prompts arrive at {[round(at, 1) for at, _ in long_prompts(args)]} s", flush=True)
     model = [args.model] if args.model else []
-    common = ["--kv-cache-memory", "1GiB"]
-    settings: dict[str, dict] = {}
-    for budget in [int(b) for b in args.budgets.split(",")] + [None]:
-        name = f"colocated, chunked at {budget}" if budget else "colocated, unchunked"
-        extra = ["--max-num-batched-tokens", str(budget)] if budget else ["--max-num-batched-tokens", "4096"]
-        process, url = start(["serve", *model, "--threads", "2", *common, *extra])
-        try:
-            settings[name] = asyncio.run(run_load(url, args))
-        finally:
-            process.kill()
-        print(name, settings[name], flush=True)
-    prefill, prefill_url = start(["serve", *model, "--threads", "1", "--role", "prefill", *common,
-                                  "--max-num-batched-tokens", "4096"], cores="0")
-    decode, decode_url = start(["serve", *model, "--threads", "1", "--role", "decode", *common,
-                                "--max-num-batched-tokens", "256"], cores="1")
-    proxy, proxy_url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url, "--local-prefill-tokens", "1"],
-                             cores="1")
-    try:
-        settings["disaggregated, 1 core prefill : 1 core decode"] = asyncio.run(run_load(proxy_url, args))
-    finally:
-        for process in (proxy, prefill, decode):
-            process.kill()
-    print("| setting | stream ITL p50 ms | p99 ms | p99/p50 | long TTFT p50 ms | p99 ms | output tok/s | goodput req/s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in settings.items():
-        print(f"| {name} | {r['stream_itl_p50_ms']:.1f} | {r['stream_itl_p99_ms']:.1f} | "
-              f"{r['stream_itl_p99_ms'] / r['stream_itl_p50_ms']:.2f} | {r['long_ttft_p50_ms']:.0f} | "
-              f"{r['long_ttft_p99_ms']:.0f} | {r['output_tokens_per_s']:.1f} | {r['goodput_rps']:.3f} |")
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"args": vars(args), "settings": settings}, file, indent=2)
+    for name in chosen:
+        began = time.strftime("%H:%M:%S", time.gmtime())
+        if name == "disaggregated":
+            result = disaggregated(model, args)
+        else:
+            result = colocated(None if name == "unchunked" else int(name.split("-")[1]), model, args)
+        saved["settings"][name] = {**result, "started_utc": began}
+        print(name, result, flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(saved, indent=2))
+    print(table({name: saved["settings"][name] for name in names if name in saved["settings"]}))
 
 
 if __name__ == "__main__":

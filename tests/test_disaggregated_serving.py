@@ -1,9 +1,11 @@
 """Disaggregated serving end to end: `ridgeline proxy` in front of a prefill worker and a decode worker (real
 servers on loopback, the official `openai` client), against a colocated server on the same tiny model. Greedy
 answers, streamed or whole, chat or completions, are the colocated ones; usage counts the same; KV pages moved
-between the workers; and every failure -- a dead prefill worker, a client gone between prefill and decode, a
-decode worker killed mid-stream -- ends in an explicit error with no page leaked on any worker."""
+between the workers; and every failure -- a dead prefill worker, one killed while its pages stream, a client gone
+between prefill and decode, a decode worker killed mid-stream -- ends in an explicit error with no page leaked on
+any worker."""
 
+import threading
 import time
 
 import httpx
@@ -102,6 +104,46 @@ def test_a_prefill_worker_gone_before_the_pull_fails_the_request_cleanly():
         assert_no_pages_leaked(decode.url)
 
 
+def wait_for(condition, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prefill_worker_killed_mid_transfer_fails_the_request_cleanly(stream):
+    """The prefill worker's link is paced at 1 byte/s: its first page leaves at once, the next would take minutes,
+    so "mid-transfer" is a state the test sees (pages sent > 0 on the prefill worker's /metrics), not a guess.
+    Killed there, the decode worker's socket monitor sees the connection drop: the client gets an explicit
+    kv_transfer_failed (a 502, or an error event in the stream), long before the 30 s fetch deadline, and the
+    decode worker holds no page for the request."""
+    with serve("decode") as decode, serve_tiny_model_process("--role", "prefill", "--kv-link-rate", "1") as (process, prefill):
+        with BackgroundServer(create_front_app(FrontConfig((prefill,), (decode.url,), local_prefill_tokens=1))) as proxy:
+            outcome: dict = {}
+
+            def ask() -> None:
+                try:
+                    outcome["answer"] = completion_text(proxy.url, PROMPTS[0], stream)
+                except openai.APIError as error:
+                    outcome["error"] = error
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            wait_for(lambda: metric(prefill, "ridgeline_kv_transfer_pages_sent") >= 1)
+            assert metric(decode.url, "ridgeline_kv_cache_free_pages") < metric(decode.url, "ridgeline_kv_cache_total_pages")
+            process.kill()
+            killed = time.monotonic()
+            asking.join(timeout=60)
+            assert not asking.is_alive(), "the client is still waiting"
+            assert time.monotonic() - killed < 15, "the failure must come from the dropped link, not a deadline"
+        assert "answer" not in outcome
+        assert "kv_transfer_failed" in str(outcome["error"]) or "KV transfer failed" in str(outcome["error"])
+        assert "after 1 of" in str(outcome["error"])  # mid-transfer: one page had arrived
+        assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
+        assert_no_pages_leaked(decode.url)
+
+
 def test_a_client_gone_between_prefill_and_decode_releases_the_pages(cluster):
     prefill, decode, _, _ = cluster
     answer = httpx.post(f"{prefill}/v1/completions", json={
@@ -110,6 +152,50 @@ def test_a_client_gone_between_prefill_and_decode_releases_the_pages(cluster):
     httpx.post(f"{prefill}/v1/kv/release", json={"request_id": answer["kv_transfer_params"]["manifest"]["request_id"]})
     assert metric(prefill, "ridgeline_kv_held_requests") == 0
     assert_no_pages_leaked(prefill)
+
+
+def test_the_proxy_moves_only_what_the_decode_workers_prefix_cache_lacks():
+    """The proxy asks the decode worker (POST /v1/kv/lookup) how much of the prompt its prefix cache holds. A
+    repeated prompt's uncached part is under a block, shorter than the threshold: it is prefilled on the decode
+    worker and moves no page. A longer prompt sharing it goes to the prefill worker, and only the blocks the decode
+    worker lacks travel. Every answer is the colocated one."""
+    prompt = "A prompt only this test sends, about pages and caches and the things that move between workers. "
+    longer = prompt + "And then a new ending, long enough to be worth a prefill worker of its own."
+    block = 16
+    with serve("prefill") as prefill, serve("decode") as decode, serve() as colocated:
+        config = FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=block + 1)
+        with BackgroundServer(create_front_app(config)) as proxy:
+
+            def moved() -> tuple[float, float]:
+                return (metric(decode.url, "ridgeline_kv_transfer_pages_received_total"),
+                        metric(decode.url, "ridgeline_kv_transfer_bytes_received_total"))
+
+            def held(text: str) -> dict:
+                return httpx.post(f"{decode.url}/v1/kv/lookup", json={"prompt": text}).json()
+
+            assert held(prompt)["cached_tokens"] == 0
+            assert completion_text(proxy.url, prompt, False) == completion_text(colocated.url, prompt, False)
+            first_pages, first_bytes = moved()
+            tokens = held(prompt)
+            assert first_pages == -(-tokens["prompt_tokens"] // block)  # the whole prompt moved
+            assert tokens["cached_tokens"] == (tokens["prompt_tokens"] - 1) // block * block
+
+            assert completion_text(proxy.url, prompt, False) == completion_text(colocated.url, prompt, False)
+            assert moved() == (first_pages, first_bytes)  # the repeat moved nothing
+            placements = [line for line in httpx.get(f"{proxy.url}/metrics").text.splitlines()
+                          if line.startswith("ridgeline_front_prefills_total")]
+            assert sorted(placements) == ['ridgeline_front_prefills_total{placement="local"} 1.0',
+                                          'ridgeline_front_prefills_total{placement="remote"} 1.0']
+            assert metric(prefill.url, "ridgeline_kv_transfer_pages_sent") == first_pages
+
+            shared = held(longer)
+            assert 0 < shared["cached_tokens"] < shared["prompt_tokens"] - block
+            assert completion_text(proxy.url, longer, False) == completion_text(colocated.url, longer, False)
+            pages, page_bytes = moved()
+            expected = -(-shared["prompt_tokens"] // block) - shared["cached_tokens"] // block
+            assert pages - first_pages == expected  # the blocks the decode worker lacked, no more
+            assert (page_bytes - first_bytes) / expected == first_bytes / first_pages
+        assert_no_pages_leaked(prefill.url, decode.url)
 
 
 def test_kv_params_on_the_wrong_role_are_refused(cluster):

@@ -6,6 +6,7 @@ On a tiny random Gemma 3 (one full-attention layer group, two sliding groups of 
 sliding groups move only their window's pages."""
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -220,6 +221,59 @@ def test_a_prefill_worker_that_is_gone_fails_the_transfer_at_once(model, how):
                 manifest)
     assert time.monotonic() - started < 30, "a dead peer must fail the transfer, not wait out the timeout"
     assert_no_pages_leaked(decode_engine)
+
+
+def test_a_prefill_side_gone_mid_transfer_fails_at_once_and_both_sides_free_their_pages(model):
+    """Pages stream in chunks; a link paced at 1 byte/s sends the first page and would take minutes for the next,
+    so the sender can be stopped with one page delivered and the rest not: the fetch fails naming how far it got,
+    the decode side frees its reservation, and the prefill side's lease lapses."""
+    now = [0.0]
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source = KVSource(prefill_engine, lease_seconds=5, clock=lambda: now[0])
+    server = ZmqKVServer(source, link_bytes_per_second=1)
+    manifest = prefill(prefill_engine, source, "a", PROMPTS[2])
+    failures: list[TransferFailed] = []
+
+    def pull() -> None:
+        try:
+            receive(decode_engine, ZmqTransport(timeout=120), server.address, "a",
+                    decode_engine.admission.admit(PROMPTS[2], GREEDY), manifest)
+        except TransferFailed as error:
+            failures.append(error)
+
+    puller = threading.Thread(target=pull)
+    puller.start()
+    deadline = time.monotonic() + 30
+    while server.pages_sent < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.pages_sent == 1
+    server.close()
+    puller.join(timeout=30)
+    assert not puller.is_alive(), "the decode side is still waiting"
+    assert [f"after 1 of {len(manifest.pages)} pages" in failure.reason for failure in failures] == [True]
+    assert_no_pages_leaked(decode_engine)
+    now[0] += 10
+    assert source.expire() == ["a"]
+    assert_no_pages_leaked(prefill_engine)
+
+
+def test_pages_stream_in_chunks_that_join_into_the_whole_reply(model, monkeypatch):
+    """With chunks of one page (a tiny CHUNK_BYTES), a transfer is many messages and still gives the same pages."""
+    from ridgeline.cluster.kv_transfer import zmq_transport
+
+    monkeypatch.setattr(zmq_transport, "CHUNK_BYTES", 1)
+    prefill_engine, decode_engine, colocated = engine(model), engine(model), engine(model)
+    source = KVSource(prefill_engine)
+    server = ZmqKVServer(source)
+    try:
+        received = receive(decode_engine, ZmqTransport(timeout=10), server.address, "a",
+                           decode_engine.admission.admit(PROMPTS[3], GREEDY), prefill(prefill_engine, source, "a", PROMPTS[3]))
+    finally:
+        server.close()
+    assert received.pages_moved > 1 and server.pages_sent == received.pages_moved
+    colocated.add_request("a", PROMPTS[3], GREEDY)
+    assert run(decode_engine) == run(colocated)
+    assert_no_pages_leaked(prefill_engine, decode_engine)
 
 
 class TamperingTransport(InProcessTransport):

@@ -214,6 +214,15 @@ class LLMEngine:
                         layers_per_group=len(cache.groups[0].layers), num_kv_heads=config.num_kv_heads,
                         head_dim=config.head_dim)
 
+    def cached_prefix_tokens(self, prompt_token_ids: list[int]) -> int:
+        """Leading prompt tokens this engine's prefix cache holds now, in whole blocks, as admitting the prompt
+        would find them: what a front asks a decode worker before choosing where to prefill. Takes no page.
+        Safe off the engine thread: it only hashes the prompt and looks names up in a dict (atomic under the GIL);
+        the answer may be a step stale, which costs at most a prefill, never a wrong token (admission looks again)."""
+        seq = Sequence("cache-lookup", list(prompt_token_ids), SamplingParams(), 0.0)
+        cached = self.scheduler.block_manager.find_cached_prefix(seq)
+        return len(cached[0]) * self.runner.kv_cache.block_size if cached else 0
+
     def offer_kv(self, request_id: str) -> KVManifest:
         """Prefill side: the pages a finished hold_kv request kept, named for the decode side."""
         seq = self._held(request_id)

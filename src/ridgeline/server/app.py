@@ -27,6 +27,7 @@ from ridgeline.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    KVLookupRequest,
     KVReleaseRequest,
     ModelCard,
     ModelList,
@@ -51,6 +52,7 @@ class ServerConfig:
     kv_bind: str = "tcp://127.0.0.1:*"  # a prefill worker's KV endpoint (port * = any free port)
     kv_advertise_host: str | None = None  # the host decode workers reach it at, if not the bound one
     kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
+    kv_link_bytes_per_second: float | None = None  # a prefill worker paces its KV pages so (emulates a slow link)
     request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)
     max_connections: int | None = 4096  # beyond this uvicorn answers 503 at once instead of taking the socket
     hardware: str = THIS_MACHINE  # the machine the dashboard's roofline is drawn for (catalogue name or measured)
@@ -82,7 +84,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         await driver.start()
         if config.role == "prefill":
             role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_lock)
-            kv_server = ZmqKVServer(role.kv_source, config.kv_bind)
+            kv_server = ZmqKVServer(role.kv_source, config.kv_bind, link_bytes_per_second=config.kv_link_bytes_per_second)
             role.kv_address = advertised(kv_server.address, config.kv_advertise_host)
         yield
         if kv_server is not None:
@@ -127,9 +129,10 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def prometheus_metrics() -> Response:
         with driver.engine_lock:  # pages freed off the engine thread (a KV source's Done) count at once
             metrics.observe_engine(engine.stats())
+        if kv_server is not None:
+            metrics.kv_pages_sent.set(kv_server.pages_sent)
+            metrics.kv_bytes_sent.set(kv_server.page_bytes_sent)
         if role.kv_source is not None:
-            metrics.kv_pages_sent.set(role.kv_source.num_pages_served)
-            metrics.kv_bytes_sent.set(role.kv_source.num_bytes_served)
             metrics.kv_held_requests.set(len(engine.scheduler.held))
         return Response(metrics.render(), media_type=metrics.content_type)
 
@@ -140,6 +143,18 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             raise APIError(400, "this server is not a prefill worker", "request_id")
         role.kv_source.drop(request.request_id)
         return JSONResponse({"released": request.request_id})
+
+    @app.post("/v1/kv/lookup")
+    async def lookup_kv(request: KVLookupRequest) -> Response:
+        """How many leading tokens of this prompt the prefix cache holds (whole blocks of sha256 chain hashes): a
+        front prefills on this worker what is cached or short enough, and moves KV only for the rest."""
+        ctx.check_model(request.model)
+        if request.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
+        else:
+            tokens = ctx.prompt_ids(request.prompt, "prompt")
+        return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens)})
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:

@@ -3,9 +3,10 @@
 Each request goes to a prefill worker with max_tokens=1 and `kv_transfer_params.do_remote_decode`, then to a decode
 worker with the `kv_transfer_params` the prefill worker answered; the decode worker pulls the KV pages and streams
 the whole answer, so the client sees an ordinary response or stream (usage, logprobs, stop strings as colocated;
-TTFT includes the transfer). Conditional disaggregation: a prompt shorter than `local_prefill_tokens` (below it the
-transfer costs more than the prefill saves, see `ridgeline advise`), or one that needs what only a full prefill on
-the decode side gives (n > 1, echo, several prompts), is sent to the decode worker alone, which prefills it itself.
+TTFT includes the transfer). Conditional disaggregation: a prompt whose part the decode worker's prefix cache does
+not hold is shorter than `local_prefill_tokens` (below it the transfer costs more than the prefill saves, see
+`ridgeline advise`), or one that needs what only a full prefill on the decode side gives (n > 1, echo, several
+prompts), is sent to the decode worker alone, which prefills (the uncached part of) it itself.
 
 Failures end explicitly: an error from a worker is passed on as it came; a decode worker that dies mid-stream ends
 the stream with an error event; a client that leaves between prefill and decode gets its pages released at once.
@@ -35,7 +36,7 @@ WORKER_GONE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.Remo
 class FrontConfig:
     prefill_urls: tuple[str, ...] = ()
     decode_urls: tuple[str, ...] = ()
-    local_prefill_tokens: int = 64  # prompts shorter than this are prefilled on the decode worker
+    local_prefill_tokens: int = 64  # prompts whose uncached part is shorter are prefilled on the decode worker
     timeout: float = 600.0
 
 
@@ -117,19 +118,24 @@ class DisaggregatedFront:
                                    on_unsent=lambda: self._release(prefill_url, kv))
 
     async def _worth_a_remote_prefill(self, body: dict, decode_url: str) -> bool:
+        """Whether the prompt's uncached part is worth a prefill worker. The decode worker is asked what its prefix
+        cache holds (POST /v1/kv/lookup): a repeated prompt, or one whose new part is short, is prefilled there --
+        only its uncached part -- and moves no KV at all."""
         if body.get("n", 1) != 1 or body.get("echo") or (body.get("max_tokens") == 1):
             return False
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             return False  # several prompts in one request
-        if isinstance(prompt, list):  # token ids: counted already
-            return len(prompt) >= self.config.local_prefill_tokens
         try:
             ask = {"messages": body["messages"]} if "messages" in body else {"prompt": prompt}
-            counted = await self.client.post(f"{decode_url}/tokenize", json=ask)
-            return counted.status_code == 200 and counted.json()["count"] >= self.config.local_prefill_tokens
-        except (httpx.HTTPError, KeyError, ValueError):
+            answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json=ask)
+            held = answer.json()
+            uncached = held["prompt_tokens"] - held["cached_tokens"]
+        except WORKER_GONE:
+            raise  # handle() looks for the worker again
+        except (httpx.HTTPError, KeyError, TypeError, ValueError):
             return False  # let the decode worker answer whatever is wrong with it
+        return answer.status_code == 200 and uncached >= self.config.local_prefill_tokens
 
     async def _release(self, prefill_url: str, kv: dict) -> None:
         try:

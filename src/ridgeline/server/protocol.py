@@ -199,6 +199,13 @@ class TokenizeRequest(RequestModel):
         return self
 
 
+class KVLookupRequest(TokenizeRequest):
+    """A front's question to a decode worker (POST /v1/kv/lookup): how much of this prompt's KV do you hold? The
+    prompt as a completion or chat request gives it, so it is tokenized exactly as that request would be."""
+
+    prompt: str | list[int] | None = None
+
+
 class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]

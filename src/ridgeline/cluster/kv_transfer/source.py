@@ -28,8 +28,6 @@ class KVSource:
         self._leases: dict[str, float] = {}  # request id -> when its lease lapses
         self.num_released = 0
         self.num_lapsed = 0
-        self.num_pages_served = 0
-        self.num_bytes_served = 0
 
     def offer(self, request_id: str) -> KVManifest:
         """The manifest of a finished hold_kv request (for the decode side), starting its lease."""
@@ -60,8 +58,6 @@ class KVSource:
             except (KVHandoffError, IndexError) as error:
                 self.drop(request_id)
                 return Failed(request_id, f"cannot read the pages asked for: {error}"), []
-            self.num_pages_served += len(payloads)
-            self.num_bytes_served += sum(map(len, payloads))
             return Pages(request_id, message.pages, tuple(payload_digest(p) for p in payloads)), payloads
         if isinstance(message, (Done, Failed)):
             self.drop(request_id)

@@ -1,6 +1,11 @@
 """KV transfer over TCP with ZeroMQ: the prefill side serves a ROUTER socket from its own thread; the decode side
 opens a DEALER per fetch. A multipart message is one header frame (messages.encode) then one frame per page.
 
+The pages asked for stream back as several `Pages` messages of at most CHUNK_BYTES each, not one: neither side
+holds a whole long prompt's KV twice in one message, and a transfer has a "mid" (some pages here, the rest not)
+that a dying prefill worker can really interrupt. `link_bytes_per_second` paces the stream page by page, to
+emulate a slower link than loopback (a benchmark across a 1 Gb/s link; a test that kills the sender mid-stream).
+
 No silent waits: a socket monitor turns a peer that closes, a connection refused, or heartbeats that stop
 (ZMQ_HEARTBEAT_*: a hung or unplugged peer) into TransferFailed at once; an overall deadline bounds the rest.
 """
@@ -11,12 +16,13 @@ import zmq.utils.monitor
 
 import zmq
 
-from ridgeline.cluster.kv_transfer.messages import Done, Pull, TransferFailed, decode, encode
+from ridgeline.cluster.kv_transfer.messages import Done, Pages, Pull, TransferFailed, decode, encode
 from ridgeline.cluster.kv_transfer.receiver import verify
 from ridgeline.cluster.kv_transfer.source import KVSource
 
 HEARTBEAT_MS = 250
 HEARTBEAT_TIMEOUT_MS = 1500
+CHUNK_BYTES = 4 << 20  # page bytes per Pages message: a few ms on a fast link, so streaming costs nothing
 _PEER_GONE = {zmq.EVENT_DISCONNECTED: "the prefill side closed the connection",
               zmq.EVENT_CONNECT_RETRIED: "the prefill side refused the connection (nothing listens there)",
               zmq.EVENT_CLOSED: "the connection to the prefill side closed (refused or dropped)"}
@@ -25,8 +31,10 @@ _PEER_GONE = {zmq.EVENT_DISCONNECTED: "the prefill side closed the connection",
 class ZmqKVServer:
     """Serves `source` on `bind` (e.g. tcp://0.0.0.0:5557; port * picks a free one) until close()."""
 
-    def __init__(self, source: KVSource, bind: str = "tcp://127.0.0.1:*", context: zmq.Context | None = None):
+    def __init__(self, source: KVSource, bind: str = "tcp://127.0.0.1:*", context: zmq.Context | None = None,
+                 link_bytes_per_second: float | None = None):
         self.source = source
+        self.link_bytes_per_second = link_bytes_per_second  # None: as fast as the link goes
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -34,7 +42,9 @@ class ZmqKVServer:
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._socket.bind(bind)
         self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.bytes_sent = 0
+        self.bytes_sent = 0  # everything on the wire, headers included
+        self.pages_sent = 0  # pages (and their bytes) that left, chunk by chunk: a transfer's progress
+        self.page_bytes_sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="ridgeline-kv-server", daemon=True)
         self._thread.start()
@@ -50,11 +60,31 @@ class ZmqKVServer:
                 except TransferFailed:
                     continue  # a malformed message: nothing to answer it about
                 if reply is not None:
-                    head = encode(reply)
-                    self._socket.send_multipart([identity, head, *frames], copy=False)
-                    self.bytes_sent += len(head) + sum(map(len, frames))
+                    self._send(identity, reply, frames)
             self.source.expire()
         self._socket.close(linger=0)
+
+    def _send(self, identity: bytes, reply, frames: list[bytes]) -> None:
+        """A reply; a Pages reply in chunks, paced when the link is emulated slower."""
+        if not isinstance(reply, Pages) or not frames:
+            self._send_one(identity, reply, frames)
+            return
+        per_chunk = 1 if self.link_bytes_per_second else max(1, CHUNK_BYTES // len(frames[0]))
+        for start in range(0, len(frames), per_chunk):
+            end = start + per_chunk
+            chunk = Pages(reply.request_id, reply.pages[start:end], reply.digests[start:end])
+            self._send_one(identity, chunk, frames[start:end])
+            self.pages_sent += len(chunk.pages)
+            self.page_bytes_sent += sum(map(len, frames[start:end]))
+            if self.link_bytes_per_second and end < len(frames):
+                # Interruptible: close() (and a test's kill) must not wait out an emulated slow link.
+                if self._stop.wait(sum(map(len, frames[start:end])) / self.link_bytes_per_second):
+                    return
+
+    def _send_one(self, identity: bytes, reply, frames: list[bytes]) -> None:
+        head = encode(reply)
+        self._socket.send_multipart([identity, head, *frames], copy=False)
+        self.bytes_sent += len(head) + sum(map(len, frames))
 
     def close(self) -> None:
         """Stop serving: decode sides that are mid-transfer see the connection close (and fail at once)."""
@@ -79,30 +109,42 @@ class ZmqTransport:
         try:
             socket.connect(address)
             socket.send(encode(pull))
-            header, frames = self._await_reply(socket, monitor, address)
-            payloads = verify(pull, decode(header), frames, page_bytes)
+            reply, frames = self._await_pages(socket, monitor, address, pull)
+            payloads = verify(pull, reply, frames, page_bytes)
             socket.send(encode(Done(pull.request_id)))
-            self.bytes_received += len(header) + sum(map(len, frames))
             return payloads
         finally:
             socket.disable_monitor()
             monitor.close(linger=0)
             socket.close(linger=0)
 
-    def _await_reply(self, socket, monitor, address: str) -> tuple[bytes, list[bytes]]:
+    def _await_pages(self, socket, monitor, address: str, pull: Pull):
+        """The reply to `pull`, its Pages chunks joined (or the first non-Pages reply, for verify to refuse). The
+        deadline restarts with every chunk: a slow link that keeps delivering is alive; one that stops is not."""
         poller = zmq.Poller()
         poller.register(socket, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
+        refs, digests, frames = [], [], []
         deadline = time.monotonic() + self.timeout
         while (left := deadline - time.monotonic()) > 0:
             ready = dict(poller.poll(int(left * 1000) + 1))
             if socket in ready:
-                header, *frames = socket.recv_multipart(copy=True)
-                return header, frames
-            if monitor in ready:
+                header, *chunk = socket.recv_multipart(copy=True)
+                self.bytes_received += len(header) + sum(map(len, chunk))
+                reply = decode(header)
+                if not isinstance(reply, Pages) or reply.request_id != pull.request_id:
+                    return reply, chunk
+                refs += reply.pages
+                digests += reply.digests
+                frames += chunk
+                if len(refs) >= len(pull.pages):
+                    return Pages(pull.request_id, tuple(refs), tuple(digests)), frames
+                deadline = time.monotonic() + self.timeout
+            elif monitor in ready:
                 event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
                 if event in _PEER_GONE:
-                    raise TransferFailed(f"{_PEER_GONE[event]} at {address}")
+                    got = f" after {len(refs)} of {len(pull.pages)} pages" if refs else ""
+                    raise TransferFailed(f"{_PEER_GONE[event]} at {address}{got}")
         raise TransferFailed(f"no answer from the prefill side at {address} within {self.timeout:g} s")
 
 
