@@ -8,9 +8,9 @@
    and measured again only when its stamp no longer matches: other commit, CPU or thread count). The fit never
    sees a validation run: the profile is taken before them, on the grid alone.
 2. Writes one trace per load level: Poisson arrivals at 5 rates and all-at-once arrivals for 3 concurrencies;
-   prompts of token ids, a mix of short and long (up to 1,200 tokens: ~6 s of prefill each on the AVX2 torch
-   path), half of the longer ones opening with one shared 256-token prefix (the prefix cache is exercised),
-   8-32 output tokens. The server decodes at ~4 tok/s per stream here, so the levels are small (--requests).
+   prompts of token ids, a mix of short and long (up to 1,536 tokens: ~3.5 s of prefill each here), half of the
+   longer ones opening with one shared 256-token prefix (the prefix cache is exercised), 16-64 output tokens.
+   Rates run from light load to past the server's capacity (~0.5 requests/s for this mix on 2 cores).
 3. Replays each trace through `bench serve --trace --record` against `ridgeline serve` (default model, --threads,
    loopback), keeping each level's summary, so the sweep can be split into invocations of under 15 minutes
    (--only rates, --only concurrency) that hold the CPU lock one at a time.
@@ -50,8 +50,8 @@ DOCS = ROOT / "docs"
 METRICS = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"),
            ("output_tokens_per_s", None))
 NAMES = [f"{metric} {stat}" if stat else metric for metric, stat in METRICS]
-PROMPT_LENGTHS = (32, 160, 480, 1200)
-OUTPUT_LENGTHS = (8, 16, 32)
+PROMPT_LENGTHS = (64, 256, 768, 1536)
+OUTPUT_LENGTHS = (16, 32, 64)
 SHARED_PREFIX = 256
 
 
@@ -175,8 +175,8 @@ def markdown_table(rows: list[dict], summary: dict, step_time: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=14, help="requests per load level")
-    parser.add_argument("--rates", default="0.1,0.15,0.2,0.3,0.45", help="Poisson rates (requests/s)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per load level")
+    parser.add_argument("--rates", default="0.2,0.3,0.4,0.5,0.6", help="Poisson rates (requests/s)")
     parser.add_argument("--concurrencies", default="1,4,8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", type=Path, help="use this profile instead of the cached or a new one")

@@ -14,7 +14,7 @@ from ridgeline.cli.engine_options import engine_config
 def profile_command(
     model: Path = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Torch intra-op threads (the profile is only valid for this count)."),
-    decode_rows: str = typer.Option("1,6,12,20", "--decode-rows", help="Decode batch sizes of the grid."),
+    decode_rows: str = typer.Option("1,6,15,30", "--decode-rows", help="Decode batch sizes of the grid."),
     contexts: str = typer.Option("32,640", "--contexts", help="Context lengths (tokens already cached) of the grid."),
     prefill_tokens: str = typer.Option("40,320,1200", "--prefill-tokens", help="Prompt sizes added to each decode batch."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens per step, as serve."),
