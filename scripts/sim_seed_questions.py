@@ -177,10 +177,13 @@ def q5_macs(n: int) -> dict:
             values = [(series[machine][k] or {}).get(figure, 0) for k in labels]
             bars = ax.barh(rows, values, width, label=machine_label)
             for row, value, bar in zip(rows, values, bars):
-                text = f"{value:.0f}" if value else "does not fit"
-                ax.annotate(text, (value, row), xytext=(3, 0), textcoords="offset points", va="center", fontsize=6,
-                            color=bar.get_facecolor() if value else "grey")
-        ax.set(xscale="log" if figure == "prompt_tokens_per_s" else "linear", title=title)
+                if value:
+                    ax.annotate(f"{value:.0f}", (value, row), xytext=(3, 0), textcoords="offset points", va="center",
+                                fontsize=6, color=bar.get_facecolor())
+                else:  # no bar on a log axis: say so at its left edge
+                    ax.annotate("does not fit", (0.01, row), xycoords=("axes fraction", "data"), va="center",
+                                fontsize=6, color="grey")
+        ax.set(xscale="log", title=title)  # 270M and 32B models on one axis
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks([j + width / 2 for j in range(len(labels))], labels, fontsize=7)
     axes[0].invert_yaxis()

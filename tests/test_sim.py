@@ -193,6 +193,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     (["--hardware", "nvidia-h999"], "unknown hardware 'nvidia-h999'"),
     (["--hardware", "nvidia-h100-sxm", "--workload", "no-such-trace.jsonl"], "--workload must be"),
     (["--hardware", "nvidia-h100-sxm", "--disaggregate", "2"], "--disaggregate takes P:D"),
+    (["--hardware", "nvidia-h100-sxm", "--workload", "rate:0"], "values must be positive, got '0'"),
+    (["--hardware", "nvidia-h100-sxm", "--workload", "concurrency:two"], "takes a comma-separated list of numbers"),
+    (["--calibrated", "--profile", "no-such-profile.json"], "no profile at no-such-profile.json"),
 ])
 def test_cli_refuses_bad_simulations_in_one_line(args, fragment):
     result = run_cli("simulate", "--model", "llama-3.1-8b", *args)
