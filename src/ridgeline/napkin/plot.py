@@ -127,6 +127,8 @@ def plot_measured_vs_simulated(points: dict[str, Sequence[tuple[str, float, floa
             axes.annotate(label, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
         axes.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), title=name,
                  xlabel="measured", ylabel="simulated")
+        for axis in (axes.xaxis, axes.yaxis):  # a narrow log range labels its minor ticks on top of each other
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes.grid(True, which="both", alpha=0.3)
     for axes in list(grid.flat)[len(points):]:
         axes.set_visible(False)
