@@ -1,9 +1,10 @@
 """Answer the seeds' five serving questions with `ridgeline simulate`'s engine (roofline step time, catalogue
 machines) and write the README's figures and numbers.
 
-    python scripts/sim_seed_questions.py [--requests N]
+    python scripts/sim_seed_questions.py [--requests N] [--only q5_macs ...]
 
-Writes docs/sim_q1_decode_knee.png ... docs/sim_q5_macs.png and docs/sim_seed_answers.json.
+Writes docs/sim_q1_decode_knee.png ... docs/sim_q5_macs.png and docs/sim_seed_answers.json (--only redraws the
+named questions and keeps the other answers already in the JSON).
 """
 
 import argparse
@@ -135,47 +136,74 @@ def q4_disaggregation(n: int) -> dict:
     return result
 
 
+MACS = {"apple-m4-mini-16gb": "Mac mini M4, 16 GB (120 GB/s)", "apple-m4-pro-48gb": "M4 Pro, 48 GB (273 GB/s)"}
+Q5_PROMPT, Q5_OUTPUT = 512, 128
+
+
 def q5_macs(n: int) -> dict:
-    """The seed's Mac mini M4 16 GB vs M4 Pro 48 GB: which catalogue models fit, and single-stream decode tok/s."""
-    result = {}
-    labels, series = [], {}
-    for machine in ("apple-m4-mini-16gb", "apple-m4-pro-48gb"):
+    """The seed's Mac mini M4 16 GB vs M4 Pro 48 GB: which catalogue models fit (weights within 90 % of memory and
+    room for one sequence's KV beside them), and the tokens/s one conversation gets: decode (memory-bound, so
+    bandwidth) and prompt processing (compute-bound, so the GPU's FLOP/s)."""
+    series: dict[str, dict] = {}
+    labels: list[str] = []
+    for machine in MACS:
         series[machine] = {}
         for name, spec in MODEL_SPECS.items():
             for weights in ("Q4_K_M", "Q8_0", "BF16") if not spec.num_experts else ("MXFP4",):
                 key = f"{name} {weights}"
+                if key not in labels:
+                    labels.append(key)
                 try:
                     deploy = deployment(SimOptions(name, weights, machine))
                 except RidgelineError:
                     series[machine][key] = None  # the weights do not fit
                     continue
-                level = run(deploy, synthetic(4, 512, 128, deploy.shape.vocab_size, concurrency=1, seed=5))
+                level = run(deploy, synthetic(4, Q5_PROMPT, Q5_OUTPUT, deploy.shape.vocab_size, concurrency=1, seed=5))
                 if not level["completed"]:  # loaded, but not even one 640-token sequence fits beside the weights
                     series[machine][key] = None
                     continue
-                series[machine][key] = {"decode_tokens_per_s": 1e3 / level["tpot_ms"]["p50"], "ttft_ms": level["ttft_ms"]["p50"]}
-                if key not in labels:
-                    labels.append(key)
-    result = series
-    fig, ax = plt.subplots(figsize=(8, 5))
+                series[machine][key] = {"weights_gb": deploy.shape.total_weight_bytes / 1e9,
+                                        "decode_tokens_per_s": 1e3 / level["tpot_ms"]["p50"],
+                                        "prompt_tokens_per_s": Q5_PROMPT / (level["ttft_ms"]["p50"] / 1e3),
+                                        "ttft_ms": level["ttft_ms"]["p50"]}
+    labels = [k for k in labels if any(series[m][k] for m in MACS)] + \
+             [k for k in labels if not any(series[m][k] for m in MACS)]  # what fits somewhere first
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5.5), sharey=True)
     width = 0.4
-    for i, machine in enumerate(series):
-        values = [(series[machine].get(k) or {}).get("decode_tokens_per_s", 0) for k in labels]
-        ax.barh([j + i * width for j in range(len(labels))], values, width, label=machine)
-    ax.set_yticks([j + width / 2 for j in range(len(labels))], labels, fontsize=7)
-    ax.set(xlabel="single-stream decode tok/s (0: does not fit)", title="16 GB Mac mini M4 vs 48 GB M4 Pro")
-    ax.legend(fontsize=8)
+    for ax, figure, title in ((axes[0], "decode_tokens_per_s", "decode tok/s, one stream"),
+                              (axes[1], "prompt_tokens_per_s", f"prompt tok/s ({Q5_PROMPT}-token prompt)")):
+        for i, (machine, machine_label) in enumerate(MACS.items()):
+            rows = [j + i * width for j in range(len(labels))]
+            values = [(series[machine][k] or {}).get(figure, 0) for k in labels]
+            bars = ax.barh(rows, values, width, label=machine_label)
+            for row, value, bar in zip(rows, values, bars):
+                if value:
+                    ax.annotate(f"{value:.0f}", (value, row), xytext=(3, 0), textcoords="offset points", va="center",
+                                fontsize=6, color=bar.get_facecolor())
+                else:  # no bar on a log axis: say so at its left edge
+                    ax.annotate("does not fit", (0.01, row), xycoords=("axes fraction", "data"), va="center",
+                                fontsize=6, color="grey")
+        ax.set(xscale="log", title=title)  # 270M and 32B models on one axis
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks([j + width / 2 for j in range(len(labels))], labels, fontsize=7)
+    axes[0].invert_yaxis()
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("The seed's 16 GB Mac mini M4 vs 48 GB M4 Pro: what fits, and at what speed "
+                 "(simulated, roofline step time)", fontsize=10)
     fig.tight_layout()
     fig.savefig(DOCS / "sim_q5_macs.png", dpi=120)
-    return result
+    return series
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    questions = {q.__name__: q for q in (q1_decode_knee, q2_chunk_budget, q3_kv_capacity, q4_disaggregation, q5_macs)}
     parser.add_argument("--requests", type=int, default=400, help="requests per simulated load level")
+    parser.add_argument("--only", nargs="+", choices=list(questions), default=list(questions), help="questions to answer")
     options = parser.parse_args()
-    answers = {}
-    for question in (q1_decode_knee, q2_chunk_budget, q3_kv_capacity, q4_disaggregation, q5_macs):
+    saved = DOCS / "sim_seed_answers.json"
+    answers = json.loads(saved.read_text()) if saved.exists() and options.only != list(questions) else {}
+    for question in (questions[name] for name in options.only):
         print(question.__name__, flush=True)
         answers[question.__name__] = question(options.requests)
         (DOCS / "sim_seed_answers.json").write_text(json.dumps(answers, indent=2))  # kept as each one lands

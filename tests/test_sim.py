@@ -22,6 +22,7 @@ from ridgeline.napkin.hardware import catalogued
 from ridgeline.bench.model_source import shape_from_checkpoint
 from ridgeline.napkin.model_specs import model_spec
 from ridgeline.bench.serve_metrics import Slo
+from ridgeline.sim.engine_path import NAPKIN
 from ridgeline.sim.kv_pool import kv_pool
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.replica import Replica, request_params
@@ -41,6 +42,7 @@ class LinearStepTime:
     """A made-up but deterministic step cost: what matters is that engine and simulator use the same one."""
 
     name = "linear"
+    path = NAPKIN
 
     def seconds(self, terms: StepTerms) -> float:
         return 0.002 + 0.0005 * terms.tokens + 0.0001 * terms.chunks
@@ -191,6 +193,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     (["--hardware", "nvidia-h999"], "unknown hardware 'nvidia-h999'"),
     (["--hardware", "nvidia-h100-sxm", "--workload", "no-such-trace.jsonl"], "--workload must be"),
     (["--hardware", "nvidia-h100-sxm", "--disaggregate", "2"], "--disaggregate takes P:D"),
+    (["--hardware", "nvidia-h100-sxm", "--workload", "rate:0"], "values must be positive, got '0'"),
+    (["--hardware", "nvidia-h100-sxm", "--workload", "concurrency:two"], "takes a comma-separated list of numbers"),
+    (["--calibrated", "--profile", "no-such-profile.json"], "no profile at no-such-profile.json"),
 ])
 def test_cli_refuses_bad_simulations_in_one_line(args, fragment):
     result = run_cli("simulate", "--model", "llama-3.1-8b", *args)

@@ -14,9 +14,9 @@ from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CA
 def profile_command(
     model: Path = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Torch intra-op threads (the profile is only valid for this count)."),
-    decode_rows: str = typer.Option("1,4,16,32", "--decode-rows", help="Decode batch sizes of the grid."),
-    contexts: str = typer.Option("32,384,1024", "--contexts", help="Context lengths (tokens already cached) of the grid."),
-    prefill_tokens: str = typer.Option("16,128,512", "--prefill-tokens", help="Prompt sizes added to each decode batch."),
+    decode_rows: str = typer.Option("1,6,15,30", "--decode-rows", help="Decode batch sizes of the grid."),
+    contexts: str = typer.Option("32,640", "--contexts", help="Context lengths (tokens already cached) of the grid."),
+    prefill_tokens: str = typer.Option("40,320,1200", "--prefill-tokens", help="Prompt sizes added to each decode batch."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens per step, as serve."),
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, as serve."),
     kv_cache_dtype: str = KV_CACHE_DTYPE,

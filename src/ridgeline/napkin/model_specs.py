@@ -145,6 +145,16 @@ MODEL_SPECS = {
             source="Qwen/Qwen2.5-7B config.json; 7.61B parameters (model card)",
         ),
         ModelSpec(
+            "qwen2.5-14b", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_layers=48,
+            num_heads=40, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=14.7e9,
+            source="Qwen/Qwen2.5-14B config.json; 14.7B parameters (model card)",
+        ),
+        ModelSpec(
+            "qwen2.5-32b", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_layers=64,
+            num_heads=40, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=32.5e9,
+            source="Qwen/Qwen2.5-32B config.json; 32.5B parameters (model card)",
+        ),
+        ModelSpec(
             "gemma-3-270m", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18,
             num_heads=4, num_kv_heads=1, head_dim=256, max_context=32768, reported_params=268e6,
             tied_embeddings=True, sliding_window=512, num_sliding_layers=15,

@@ -110,6 +110,33 @@ def plot_throughput_vs_load(loads: Sequence[float], output_tokens_per_s: Sequenc
     return _save(figure, path)
 
 
+def plot_measured_vs_simulated(points: dict[str, Sequence[tuple[str, float, float]]], path: str | Path,
+                               title: str) -> Path:
+    """One panel per metric: each load level's (label, measured, predicted) against the diagonal, with the
+    ±20 % band, so a model that is right sits on the line and a biased one beside it."""
+    columns = 3
+    figure, grid = plt.subplots(-(-len(points) // columns), columns, figsize=(12, 7.5), dpi=120, squeeze=False)
+    for axes, (name, rows) in zip(grid.flat, points.items()):
+        measured, predicted = [r[1] for r in rows], [r[2] for r in rows]
+        low, high = min(measured + predicted) * 0.8, max(measured + predicted) * 1.25
+        line = np.array([low, high])
+        axes.fill_between(line, line / 1.2, line * 1.2, color="grey", alpha=0.15, label="±20 %")
+        axes.plot(line, line, color="black", linewidth=0.8)
+        axes.scatter(measured, predicted, s=18, color="tab:blue", zorder=3)
+        for label, x, y in rows:
+            axes.annotate(label, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+        axes.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), title=name,
+                 xlabel="measured", ylabel="simulated")
+        for axis in (axes.xaxis, axes.yaxis):  # a narrow log range labels its minor ticks on top of each other
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes.grid(True, which="both", alpha=0.3)
+    for axes in list(grid.flat)[len(points):]:
+        axes.set_visible(False)
+    grid.flat[0].legend(fontsize=8, loc="upper left")
+    figure.suptitle(title, fontsize=10)
+    return _save(figure, path)
+
+
 def _save(figure: plt.Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,13 @@
-"""Calibrated step time: this machine's measured steps fitted on the roofline's own terms.
+"""Calibrated step time: this machine's measured steps fitted on the roofline's own terms, counted as the engine's
+path does the work (sim/engine_path.py).
 
-A step's time is modelled as c0 + c1*chunks + c2*body FLOPs + c3*LM-head FLOPs + c4*attention FLOPs
-+ c5*KV bytes read, every c >= 0 (non-negative least squares): c0 is the fixed cost of a step (weights
-streamed once, Python and dispatch), c1 per sequence, c2-c4 the inverse of the FLOP/s each part attains
-here, c5 the inverse of the KV read bandwidth. `ridgeline profile` measures the samples (sim/profile.py).
+A step's time is modelled as c0 + c1*chunks + c2*decode tiles + c3*prompt tiles + c4*LM-head tiles
++ c5*attention FLOPs + c6*KV bytes read, every c >= 0 (non-negative least squares): c0 is the fixed cost of a
+step (Python, dispatch, sampling setup), c1 per sequence (its attention call per layer, its sampler row), c2-c4
+the cost of one matmul tile of each kind (a tile streams the weights once: memory-bound for 8 decode rows,
+compute-bound for 64 prompt rows), c5 the inverse of the FLOP/s attention attains, c6 the inverse of the KV
+gather's bandwidth. Where the compiled kernels run, tiles are single rows and c2-c4 become per-row costs, the
+roofline's FLOP terms again. `ridgeline profile` measures the samples (sim/profile.py) and records the path.
 """
 
 import json
@@ -13,15 +17,17 @@ from pathlib import Path
 import numpy as np
 
 from ridgeline.errors import RidgelineError
+from ridgeline.sim.engine_path import EnginePath
 from ridgeline.sim.stamp import Stamp
 from ridgeline.sim.step_time import StepTerms
 
-TERMS = ("step", "chunks", "body_flops", "lm_head_flops", "attention_flops", "kv_read_bytes")
-FORMAT = 1
+TERMS = ("step", "chunks", "decode_tiles", "prompt_tiles", "logit_tiles", "attention_flops", "kv_read_bytes")
+FORMAT = 2  # 1 fitted per-row FLOPs, which a tiled engine path does not follow
 
 
 def features(terms: StepTerms) -> list[float]:
-    return [1.0, terms.chunks, terms.body_flops, terms.lm_head_flops, terms.attention_flops, terms.kv_read_bytes]
+    return [1.0, terms.chunks, terms.decode_tiles, terms.prompt_tiles, terms.logit_tiles, terms.span_attention_flops,
+            terms.kv_read_bytes]
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -58,10 +64,12 @@ class Profile:
     coefficients: tuple[float, ...]  # one per TERMS entry, in seconds per unit
     samples: int
     median_abs_error: float  # of the fit over its own samples, as a fraction of the measured time
-    settings: dict  # the engine settings it was measured with (KV dtype, block size, ...)
+    settings: dict  # the engine settings it was measured with (KV dtype, block size, engine path, ...)
+    # What was measured, kept so a fit can be audited: per step, (start, tokens, samples) per chunk and its seconds.
+    steps: tuple = ()
 
     @classmethod
-    def fit(cls, stamp: Stamp, rows: list[tuple[StepTerms, float]], settings: dict) -> "Profile":
+    def fit(cls, stamp: Stamp, rows: list[tuple[StepTerms, float]], settings: dict, steps: tuple = ()) -> "Profile":
         if len(rows) < 2 * len(TERMS):
             raise RidgelineError(f"a profile needs at least {2 * len(TERMS)} measured steps, got {len(rows)}")
         x = np.array([features(terms) for terms, _ in rows])
@@ -69,7 +77,7 @@ class Profile:
         # Relative error matters (a 1 ms decode step as much as a 1 s prefill): weight each row by 1/y.
         coef = nonnegative_least_squares(x / y[:, None], np.ones_like(y))
         error = float(np.median(np.abs(x @ coef - y) / y))
-        return cls(stamp, tuple(float(c) for c in coef), len(rows), error, settings)
+        return cls(stamp, tuple(float(c) for c in coef), len(rows), error, settings, steps)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -88,14 +96,16 @@ class Profile:
             raise RidgelineError(f"cannot read profile {path}: {error}") from None
         if not isinstance(row, dict) or row.get("format") != FORMAT or row.get("terms") != list(TERMS):
             raise RidgelineError(f"profile {path} is not a ridgeline profile of format {FORMAT}: measure it again")
+        steps = tuple((tuple(tuple(chunk) for chunk in chunks), seconds) for chunks, seconds in row.get("steps", ()))
         return cls(Stamp(**row["stamp"]), tuple(row["coefficients"]), row["samples"], row["median_abs_error"],
-                   row["settings"])
+                   row["settings"], steps)
 
 
 class CalibratedStepTime:
     def __init__(self, profile: Profile):
         self.profile = profile
         self.coefficients = profile.coefficients
+        self.path = EnginePath.from_settings(profile.settings)  # the simulator counts tiles as the profiled engine did
         self.name = (f"calibrated on {profile.stamp.cpu}, {profile.stamp.threads} threads ({profile.samples} steps, "
                      f"median fit error {profile.median_abs_error:.1%})")
 

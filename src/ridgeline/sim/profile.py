@@ -4,8 +4,12 @@ Each grid point (decode rows R, context C) starts R requests of C prompt tokens 
 samples too), lets them decode a few steps, then adds prompts of each prefill size alongside them (mixed
 steps), so the samples cover prefill, decode and the two together. What is timed is the whole
 LLMEngine.step (schedule, forward pass, sampling, detokenising), the cost the simulator stands in for.
+The default grid's sizes are not multiples of the torch path's tiles (8 decode rows, 64 prompt rows:
+sim/engine_path.py), so where that path runs the fit sees its staircase rather than one side of it; it takes
+about two minutes for the default model with the compiled kernels on 2 cores (and ~4 on the torch path).
 """
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -17,18 +21,19 @@ from ridgeline.engine.scheduler import SchedulerOutput
 from ridgeline.bench.model_source import shape_from_checkpoint
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.sim.calibrated import Profile
+from ridgeline.sim.engine_path import of_this_engine
 from ridgeline.sim.stamp import current_stamp
 from ridgeline.sim.step_time import StepTerms, TermsOf
 
 WARMUP_STEPS = 4
-DECODE_STEPS = 3
+DECODE_STEPS = 6  # cheap steps, repeated: one decode step varies by ~10 % on a shared machine
 
 
 @dataclass(frozen=True)
 class Grid:
-    decode_rows: tuple[int, ...] = (1, 4, 16, 32)
-    contexts: tuple[int, ...] = (32, 384, 1024)
-    prefill_tokens: tuple[int, ...] = (16, 128, 512)
+    decode_rows: tuple[int, ...] = (1, 6, 15, 30)
+    contexts: tuple[int, ...] = (32, 640)
+    prefill_tokens: tuple[int, ...] = (40, 320, 1200)
 
 
 class StepTimer:
@@ -37,6 +42,7 @@ class StepTimer:
     def __init__(self, engine: LLMEngine, terms_of: TermsOf):
         self.engine, self.terms_of = engine, terms_of
         self.rows: list[tuple[StepTerms, float]] = []
+        self.steps: list[tuple[tuple[tuple[int, int, bool], ...], float]] = []  # the same steps, as chunks
         self._plan: SchedulerOutput | None = None
         schedule = engine.scheduler.schedule
 
@@ -52,6 +58,7 @@ class StepTimer:
         elapsed = time.perf_counter() - start
         if keep and self._plan is not None and self._plan.chunks:
             self.rows.append((self.terms_of(self._plan), elapsed))
+            self.steps.append((tuple((c.start, c.num_tokens, c.samples) for c in self._plan.chunks), elapsed))
 
 
 def measure(config: EngineConfig, grid: Grid, seed: int = 0,
@@ -60,7 +67,8 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
 
     engine = LLMEngine(config)
     shape = shape_from_checkpoint(read_checkpoint(config.model))
-    timer = StepTimer(engine, TermsOf(shape, config.kv_cache.bytes_per_value))
+    path = of_this_engine()
+    timer = StepTimer(engine, TermsOf(shape, config.kv_cache.bytes_per_value, path))
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
     counter = iter(range(10**9))
@@ -92,6 +100,7 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
             while engine.has_unfinished():
                 timer.step()
     settings = {"model": engine.model_name, "kv_cache_dtype": config.kv_cache.name,
-                "block_size": config.kv_cache.block_size, "dtype": config.dtype, "lm_head": config.lm_head}
+                "block_size": config.kv_cache.block_size, "dtype": config.dtype, "lm_head": config.lm_head,
+                "engine_path": dataclasses.asdict(path)}
     stamp = current_stamp(engine.model_name, config.threads or torch.get_num_threads())
-    return Profile.fit(stamp, timer.rows, settings)
+    return Profile.fit(stamp, timer.rows, settings, tuple(timer.steps))

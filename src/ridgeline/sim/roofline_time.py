@@ -12,10 +12,12 @@ from ridgeline.napkin.hardware import Hardware
 from ridgeline.napkin.model_shape import ModelShape
 from ridgeline.napkin.roofline import Roofline, StepCost
 from ridgeline.sim.efficiency import Efficiency, machine_efficiency
+from ridgeline.sim.engine_path import NAPKIN
 from ridgeline.sim.step_time import StepTerms
 
 
 class RooflineStepTime:
+    path = NAPKIN  # a catalogue machine runs an engine that does the napkin's work, no padding
     def __init__(self, shape: ModelShape, hardware: Hardware, precision: str | None = None,
                  efficiency: Efficiency | None = None, step_overhead_s: float = 0.0):
         self.efficiency = efficiency or machine_efficiency(hardware)

@@ -75,7 +75,7 @@ class SimResult:
 class Simulation:
     def __init__(self, deployment: Deployment, workload: Workload, log_steps: bool = False):
         self.deployment, self.workload = deployment, workload
-        terms_of = TermsOf(deployment.shape, deployment.kv_dtype_bytes)
+        terms_of = TermsOf(deployment.shape, deployment.kv_dtype_bytes, deployment.step_time.path)
         shape = deployment.shape
 
         def make(name: str, config: SchedulerConfig, role: str) -> Replica:
