@@ -130,4 +130,6 @@ def test_mxfp4_experts_are_read_quantised_and_only_where_routed(tmp_path):
                                             all_logits=True)])[0]
 
     reference = logits(ModelOptions(weights="f32"))
-    torch.testing.assert_close(logits(ModelOptions()), reference, rtol=0.05, atol=0.05 * reference.abs().max().item())
+    # With compiled kernels the packed path also rounds activations to int8 per 32 (as llama.cpp does), which on
+    # this tiny random model moves a few logits by up to ~4 % of the largest; the f32 reference does not.
+    torch.testing.assert_close(logits(ModelOptions()), reference, rtol=0.05, atol=0.08 * reference.abs().max().item())
