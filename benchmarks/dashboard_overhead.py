@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
@@ -37,7 +38,6 @@ from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 from ridgeline.bench.model_source import shape_from_checkpoint
 
-KV_DTYPE_BYTES = 2  # the server's default bf16 KV cache
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -126,7 +126,7 @@ def replay_plan(step: dict) -> SchedulerOutput:
 
 def record_cost(url: str, model: Path, repeats: int = 50) -> dict:
     steps = httpx.get(f"{url}/v1/steps", timeout=60).json()["data"]
-    recorder = StepRecorder(shape_from_checkpoint(read_checkpoint(model)), KV_DTYPE_BYTES)
+    recorder = StepRecorder(shape_from_checkpoint(read_checkpoint(model)), KVCacheConfig().bytes_per_value)  # the server's default KV
     shares = {"decode": [], "prefill": [], "mixed": []}
     total_record = total_step = 0.0
     for step in steps:
