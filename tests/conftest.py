@@ -11,6 +11,16 @@ def pytest_report_header(config):
     return cpu_line()
 
 
+def pytest_sessionstart(session):
+    # Build the compiled kernels (minutes on a fresh 2-core AVX2 machine) before any test runs: otherwise the first
+    # test to reach them, maybe a server test whose clients wait 60 s for a token, pays for the whole build. Only in
+    # the controlling process: a failed build is reported by the tests that need the kernels and at the end.
+    from ridgeline.model import native
+
+    if native.kernel_target() is not None:
+        native.compiled()
+
+
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(kernel_paths_line())
 
