@@ -72,3 +72,18 @@ def test_the_best_instruction_set_the_cpu_has_is_built(monkeypatch):
     assert native.kernel_target() is native.AVX2
     monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse4_2", "fma", "f16c"})
     assert native.kernel_target() is None
+
+
+@needs_compiled
+def test_a_lock_left_by_a_process_killed_while_loading_does_not_hang_the_next(tmp_path):
+    # torch's load() marks its build folder with a plain lock file and deletes it when done; a worker killed inside
+    # load() leaves it behind, and torch's own wait for it has no end. A fresh process must still load.
+    import subprocess
+    import sys
+
+    build_dir = native.CACHE_DIR / "torch_extensions" / f"kernels_{native.kernel_target().name}"
+    (build_dir / "lock").touch()
+    code = "from ridgeline.model import native; assert native.compiled() is not None"
+    result = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert not (build_dir / "lock").exists()

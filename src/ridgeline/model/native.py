@@ -91,6 +91,11 @@ def compiled() -> ModuleType | None:
     build_dir.mkdir(parents=True, exist_ok=True)
     with phase("kernels"), open(build_dir / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one compile per machine; later processes just load the result
+        # torch's load() takes its own lock, a plain file it deletes when done, even just to load a finished build. A
+        # process killed inside load() (a worker a test kills while it starts) leaves that file behind, and every
+        # later load() would wait for it forever. Holding the flock, nobody else is inside load(): any such file is
+        # stale.
+        (build_dir / "lock").unlink(missing_ok=True)
         try:
             return load(
                 name=f"ridgeline_kernels_{target.name}",
