@@ -1,19 +1,22 @@
 """8-bit (q8_0) KV cache against bf16 KV on the default model: accuracy, capacity and decode speed.
 
-    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/kv_cache_q8.py [--threads 2] [--json]
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/kv_cache_q8.py [--threads 2] [--llamacpp] [--json]
 
-One model, one KV cache per type (bf16, q8_0, and fp32 as the floor bf16 itself is measured against), all fed the
+One model, one KV cache per type (bf16, q8_0, fp16 as llama.cpp's own baseline, and fp32 as the floor bf16 and fp16
+themselves are measured against), all fed the
 same windows of tests/data/reference/gpl-3.0.txt. Each window of --ctx tokens is prefilled in chunks of --chunk
 tokens with logits at every position, so each chunk's queries read every earlier key back from the cache in its
 stored (quantised) form, as a long prompt and every later decode step does. Per position, teacher-forced:
-  KLD    KL(p_bf16 || p_q8) of the next-token distributions (llama.cpp's `llama-perplexity --kl-divergence`
-         reports ~0.001 for q8_0 K+V);
+  KLD    KL(p_bf16 || p_q8) of the next-token distributions, and KL(p_fp16 || p_q8) (llama.cpp's
+         `llama-perplexity --kl-divergence` reports ~0.001 for q8_0 K+V against f16 on larger models);
   top-1  whether both caches put the same token first;
   PPL    perplexity of the text's next tokens over all positions, per cache type.
 Capacity: sequences of 4,096 tokens that the default 2 GiB budget holds per type (the serve start-up arithmetic).
 Decode: one-token forward steps at --ctx context (the model forward, no sampler), bf16 and q8_0 alternating step by
 step so both see the same machine load; median tok/s. On this machine (AVX2, no compiled kernels) both run the
 torch attention path. Measured and printed, not asserted.
+--llamacpp then measures llama.cpp's own q8_0 KV against its f16 KV on the same model, text and windows
+(benchmarks/llamacpp_kv_kld.py, in the llama-cpp-python environment), so the target is read off this model.
 """
 
 import argparse
@@ -33,7 +36,7 @@ from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.layers.kv_slots import float_pages
 
 TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "gpl-3.0.txt"
-TYPES = ("bf16", "q8_0", "fp32")
+TYPES = ("bf16", "fp16", "q8_0", "fp32")
 DECODE_STEPS = 24
 
 
@@ -43,6 +46,7 @@ class Tally:
     def __init__(self):
         self.positions = self.agree = 0
         self.kld: list[torch.Tensor] = []
+        self.kld_fp16: list[torch.Tensor] = []  # q8_0 against fp16, llama.cpp's baseline type
         self.kld_fp32: list[torch.Tensor] = []  # bf16 against fp32: how far bf16 KV itself is from exact
         self.nll = {name: 0.0 for name in TYPES}
 
@@ -51,15 +55,17 @@ class Tally:
         for name in TYPES:
             self.nll[name] -= logp[name].gather(1, targets[:, None]).double().sum().item()
         self.kld.append(kl(logp["bf16"], logp["q8_0"]))
+        self.kld_fp16.append(kl(logp["fp16"], logp["q8_0"]))
         self.agree += (logp["bf16"].argmax(-1) == logp["q8_0"].argmax(-1)).sum().item()
         self.positions += len(targets)
         self.kld_fp32.append(kl(logp["fp32"], logp["bf16"]))
 
     def summary(self) -> dict:
-        kld, floor = torch.cat(self.kld), torch.cat(self.kld_fp32)
+        kld, floor, kld_fp16 = torch.cat(self.kld), torch.cat(self.kld_fp32), torch.cat(self.kld_fp16)
         ppl = {name: float(torch.tensor(total / self.positions).exp()) for name, total in self.nll.items()}
         return {"positions": self.positions, "kld_q8_vs_bf16_mean": kld.mean().item(),
                 "kld_q8_vs_bf16_p99": kld.quantile(0.99).item(), "kld_q8_vs_bf16_max": kld.max().item(),
+                "kld_q8_vs_fp16_mean": kld_fp16.mean().item(), "kld_q8_vs_fp16_p99": kld_fp16.quantile(0.99).item(),
                 "kld_bf16_vs_fp32_mean": floor.mean().item(), "top1_agreement": self.agree / self.positions,
                 "ppl": ppl, "ppl_change_q8_vs_bf16": ppl["q8_0"] / ppl["bf16"] - 1}
 
@@ -111,12 +117,27 @@ def decode_speed(runners: dict[str, ModelRunner], ids: list[int], bos: int, ctx:
     return {name: 1 / statistics.median(values) for name, values in times.items()}
 
 
+def llamacpp_kld(threads: int, contexts: str, positions: int) -> dict:
+    """llama.cpp's q8_0 KV against its f16 KV on the same model and windows (llamacpp_kv_kld.py in its venv)."""
+    import subprocess
+
+    from llamacpp_env import llamacpp_python
+
+    from ridgeline.model.checkpoint import resolve_model_path
+
+    worker = Path(__file__).resolve().parent / "llamacpp_kv_kld.py"
+    command = [str(llamacpp_python()), str(worker), "--model", str(resolve_model_path(None)), "--threads",
+               str(threads), "--contexts", contexts, "--positions", str(positions)]
+    return json.loads(subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--contexts", default="512,4096", help="window lengths compared")
     parser.add_argument("--chunk", type=int, default=512, help="prefill chunk: later chunks read the cache back")
     parser.add_argument("--positions", type=int, default=2048, help="at least this many positions per context")
+    parser.add_argument("--llamacpp", action="store_true", help="also llama.cpp's q8_0 KV against its f16 KV")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -147,6 +168,8 @@ def main() -> None:
     fast = {name: runners[name] for name in ("bf16", "q8_0")}
     results[f"decode_tok_s_at_{max(contexts)}"] = decode_speed(fast, ids, bos, max(contexts), args.chunk)
     results["seconds"] = time.perf_counter() - began
+    if args.llamacpp:
+        results["llamacpp"] = llamacpp_kld(args.threads, args.contexts, args.positions)
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -157,6 +180,12 @@ def main() -> None:
               f"{r['kld_bf16_vs_fp32_mean']:.5f}) | top-1 agreement {r['top1_agreement']:.2%} | PPL bf16 "
               f"{r['ppl']['bf16']:.4f}, q8_0 {r['ppl']['q8_0']:.4f} ({r['ppl_change_q8_vs_bf16']:+.3%}), fp32 "
               f"{r['ppl']['fp32']:.4f}")
+        print(f"           q8_0 vs fp16: KLD {r['kld_q8_vs_fp16_mean']:.5f} (p99 {r['kld_q8_vs_fp16_p99']:.5f})")
+        if "llamacpp" in results:
+            theirs = results["llamacpp"][f"ctx_{ctx}"]
+            print(f"           llama.cpp q8_0 vs f16: KLD {theirs['kld_q8_vs_f16_mean']:.5f} (p99 {theirs['kld_q8_vs_f16_p99']:.5f}), "
+                  f"top-1 {theirs['top1_agreement']:.2%}, PPL f16 {theirs['ppl']['f16']:.4f}, q8_0 "
+                  f"{theirs['ppl']['q8_0']:.4f} ({theirs['ppl_change_q8_vs_f16']:+.3%}); {theirs['positions']:,} positions")
     capacity = results["capacity_2GiB_4096_token_sequences"]
     print(f"capacity (2 GiB, 4,096-token sequences): bf16 {capacity['bf16']:,}, q8_0 {capacity['q8_0']:,} "
           f"({capacity['q8_0'] / capacity['bf16']:.2f}x)")
