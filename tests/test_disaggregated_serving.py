@@ -5,6 +5,7 @@ between the workers; and every failure -- a dead prefill worker, one killed whil
 between prefill and decode, a decode worker killed mid-stream -- ends in an explicit error with no page leaked on
 any worker."""
 
+import contextlib
 import threading
 import time
 
@@ -14,6 +15,7 @@ import pytest
 
 from server_helpers import serve_tiny_model_process, tiny_engine
 
+from ridgeline.server import kv_intake
 from ridgeline.server.app import ServerConfig, create_app
 from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
 from ridgeline.server.launcher import BackgroundServer
@@ -140,6 +142,70 @@ def test_a_prefill_worker_killed_mid_transfer_fails_the_request_cleanly(stream):
         assert "answer" not in outcome
         assert "kv_transfer_failed" in str(outcome["error"]) or "KV transfer failed" in str(outcome["error"])
         assert "after 1 of" in str(outcome["error"])  # mid-transfer: one page had arrived
+        assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
+        assert_no_pages_leaked(decode.url)
+
+
+@contextlib.contextmanager
+def decode_worker_without_room(monkeypatch):
+    """A decode worker whose engine says "no room" to remote KV until `room` is set, and a prefill worker whose lease
+    on pages is 1 s, with keep-alives every 0.2 s: waiting for room outlasts the lease many times over."""
+    monkeypatch.setattr(kv_intake, "KEEP_ALIVE_SECONDS", 0.2)
+    engine = tiny_engine()
+    room = threading.Event()
+    reserve = engine.scheduler.reserve_prefilled
+    monkeypatch.setattr(engine.scheduler, "reserve_prefilled", lambda seq: room.is_set() and reserve(seq))
+    with BackgroundServer(create_app(engine, ServerConfig(role="decode"))) as decode:
+        yield decode, room
+
+
+def ask_in_background(url: str, prompt: str) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def ask() -> None:
+        try:
+            outcome["answer"] = completion_text(url, prompt, stream=False)[0]
+        except openai.APIError as error:
+            outcome["error"] = error
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    return asking, outcome
+
+
+def test_a_request_waiting_for_room_on_the_decode_worker_keeps_its_prefill_pages(cluster, monkeypatch):
+    """A decode worker full of work (a burst of long prompts) may take longer to find room for a request than the
+    prefill worker's lease on its pages lasts. While it waits it says so (KeepAlive), so the lease never lapses, and
+    once room comes the request is answered as colocated."""
+    _, _, colocated, _ = cluster
+    with decode_worker_without_room(monkeypatch) as (decode, room), serve("prefill", kv_lease_seconds=1.0) as prefill:
+        with BackgroundServer(create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))) as proxy:
+            asking, outcome = ask_in_background(proxy.url, PROMPTS[2])
+            wait_for(lambda: metric(prefill.url, "ridgeline_kv_held_requests") == 1)
+            time.sleep(3.0)  # three leases
+            assert metric(prefill.url, "ridgeline_kv_held_requests") == 1, "the lease lapsed while the request waited"
+            room.set()
+            asking.join(timeout=60)
+        assert outcome.get("answer") == completion_text(colocated, PROMPTS[2], stream=False)[0], outcome.get("error")
+        assert_no_pages_leaked(prefill.url, decode.url)
+
+
+def test_a_prefill_worker_lost_while_the_request_waits_for_room_fails_it_at_once(monkeypatch):
+    with decode_worker_without_room(monkeypatch) as (decode, room), contextlib.ExitStack() as prefill_alive:
+        prefill = prefill_alive.enter_context(serve("prefill"))
+        with BackgroundServer(create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))) as proxy:
+            asking, outcome = ask_in_background(proxy.url, PROMPTS[2])
+            wait_for(lambda: metric(prefill.url, "ridgeline_kv_held_requests") == 1)
+            time.sleep(0.5)  # the request waits for room on the decode worker
+            prefill_alive.close()  # and the prefill worker holding its pages goes away
+            gone = time.monotonic()
+            asking.join(timeout=30)
+            assert not asking.is_alive(), "the client is still waiting"
+            assert time.monotonic() - gone < 10, "the failure must come from the next keep-alive, not a deadline"
+        assert "answer" not in outcome
+        assert "KV transfer failed" in str(outcome["error"]) or "kv_transfer_failed" in str(outcome["error"])
+        room.set()  # the request's deferred intake went with it: nothing is reserved for it later
+        time.sleep(0.3)
         assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
         assert_no_pages_leaked(decode.url)
 

@@ -166,6 +166,26 @@ def test_a_handler_that_says_not_now_is_offered_the_message_again_after_a_step(e
     driver.stop()
 
 
+def test_an_abort_drops_the_requests_message_still_waiting_for_room(engine):
+    offered = []
+
+    def handler(message: Later) -> bool:
+        offered.append(message.request_id)
+        return False  # never room
+
+    driver = EngineThread(engine, handlers={Later: handler}).start()
+    driver.send([Later("x")])
+    deadline = time.monotonic() + WAIT
+    while not offered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    driver.abort("x")
+    time.sleep(0.1)
+    count = len(offered)
+    time.sleep(0.2)  # at 10 ms per retry, a message still deferred would be offered ~20 more times
+    assert len(offered) == count, "the aborted request's message is still offered"
+    driver.stop()
+
+
 def test_backlog_counts_prompt_tokens_not_yet_computed(engine):
     driver = EngineThread(engine).start()
     with driver.engine_lock:  # the engine thread cannot apply anything meanwhile: both stay queued

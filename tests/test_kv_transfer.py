@@ -305,3 +305,22 @@ def test_a_page_damaged_on_the_way_fails_its_sha256_and_nothing_leaks(model):
         receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(PROMPTS[2], GREEDY), manifest)
     source.drop("a")
     assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
+def test_a_keep_alive_extends_the_lease_and_fails_once_the_pages_are_gone(model, link):
+    """A decode side still waiting for room keeps the prefill side's lease alive; once the pages are gone (lapsed,
+    collected, or dropped) a keep-alive fails, saying so, instead of leaving the decode side to wait."""
+    prefill_engine, source, transport, address = link
+    now = [0.0]
+    source._clock = lambda: now[0]
+    source.lease_seconds = 5
+    prefill(prefill_engine, source, "a", PROMPTS[2])
+    for _ in range(4):  # 16 s in all, three times the lease
+        now[0] += 4
+        transport.keep_alive(address, "a")
+    assert source.expire() == [] and source.num_leased == 1
+    now[0] += 6
+    assert source.expire() == ["a"]
+    assert_no_pages_leaked(prefill_engine)
+    with pytest.raises(TransferFailed, match="no KV held"):
+        transport.keep_alive(address, "a")

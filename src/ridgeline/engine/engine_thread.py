@@ -211,6 +211,9 @@ class EngineThread:
                 self.fail(message.request_id, error)
         elif isinstance(message, AbortRequest):
             self.engine.abort(message.request_id)  # frees its pages now; its "abort" output comes from the next step
+            # A message of the request still waiting for room (a decode worker's ReceiveKV) goes with it.
+            self._deferred = [waiting for waiting in self._deferred
+                              if getattr(waiting, "request_id", None) != message.request_id]
         else:
             handler = self.handlers.get(type(message))
             if handler is None:

@@ -1,6 +1,8 @@
 """A decode server's ReceiveKV, as message handlers on its engine thread (engine/engine_thread.py): reserve pages
 on the engine thread, fetch them on a thread of their own (the engine keeps stepping meanwhile), commit them back
-on the engine thread. No free pages yet: the driver offers the message again after the next step."""
+on the engine thread. No free pages yet: the driver offers the message again after the next step, and meanwhile
+the prefill worker is told every KEEP_ALIVE_SECONDS that its pages are still wanted, so a request that waits here
+longer than the prefill side's lease (behind a burst of long prompts) is not failed by that lease lapsing."""
 
 import threading
 import time
@@ -32,17 +34,36 @@ class _KVFailed:
     reason: str
 
 
+@dataclass(frozen=True)
+class _LeaseExtended:
+    """From a keep-alive thread: the prefill side holds the pages of a request still waiting for room here."""
+
+    request_id: str
+
+
+# Well inside the prefill side's lease (30 s by default): a waiting request's pages are never let lapse.
+KEEP_ALIVE_SECONDS = 5.0
+
+
 class KVIntake:
     def __init__(self, transport: KVTransport | None, metrics: ServerMetrics):
         self.transport = transport  # None: not a decode worker, and a ReceiveKV fails saying so
         self.metrics = metrics
         self.driver: EngineThread | None = None
+        # Requests waiting for room: when their lease was last extended (inf: a keep-alive is on its way). Only
+        # touched on the engine thread.
+        self._waiting: dict[str, float] = {}
+        self._given_up: set[str] = set()  # failed while waiting; their deferred ReceiveKV is dropped
 
     def install(self, driver: EngineThread) -> None:
         self.driver = driver
-        driver.handlers.update({ReceiveKV: self._receive, _KVArrived: self._arrived, _KVFailed: self._failed})
+        driver.handlers.update({ReceiveKV: self._receive, _KVArrived: self._arrived, _KVFailed: self._failed,
+                                _LeaseExtended: self._lease_extended})
 
     def _receive(self, message: ReceiveKV) -> bool:
+        if message.request_id in self._given_up:
+            self._given_up.discard(message.request_id)
+            return True  # its keep-alive failed while it waited: the client has had its error
         if self.transport is None:
             return self._failed(_KVFailed(message.request_id, "this server is not a decode worker (no KV transport)"))
         engine = self.driver.engine
@@ -51,7 +72,9 @@ class KVIntake:
         except (TransferFailed, RidgelineError) as error:
             return self._failed(_KVFailed(message.request_id, str(error)))
         if refs is None:
+            self._keep_lease(message)
             return False
+        self._waiting.pop(message.request_id, None)
         layout = engine.kv_layout()
 
         def pull() -> None:
@@ -66,6 +89,27 @@ class KVIntake:
         threading.Thread(target=pull, name=f"kv-fetch-{message.request_id}", daemon=True).start()
         return True
 
+    def _keep_lease(self, message: ReceiveKV) -> None:
+        now = time.monotonic()
+        if now - self._waiting.setdefault(message.request_id, now) < KEEP_ALIVE_SECONDS:
+            return
+        self._waiting[message.request_id] = float("inf")  # one keep-alive at a time
+
+        def extend() -> None:
+            try:
+                self.transport.keep_alive(message.source_address, message.manifest.request_id)
+            except TransferFailed as error:
+                self.driver.send([_KVFailed(message.request_id, error.reason)])
+                return
+            self.driver.send([_LeaseExtended(message.request_id)])
+
+        threading.Thread(target=extend, name=f"kv-keep-alive-{message.request_id}", daemon=True).start()
+
+    def _lease_extended(self, message: _LeaseExtended) -> bool:
+        if message.request_id in self._waiting:  # (not already reserved and pulling)
+            self._waiting[message.request_id] = time.monotonic()
+        return True
+
     def _arrived(self, message: _KVArrived) -> bool:
         try:
             commit(self.driver.engine, message.request_id, message.refs, message.payloads)
@@ -75,6 +119,8 @@ class KVIntake:
         return True
 
     def _failed(self, message: _KVFailed) -> bool:
+        if self._waiting.pop(message.request_id, None) is not None:
+            self._given_up.add(message.request_id)  # its ReceiveKV is still deferred: drop it when next offered
         self.driver.engine.abort(message.request_id)
         self.metrics.kv_transfers_failed.inc()
         self.driver.fail(message.request_id,

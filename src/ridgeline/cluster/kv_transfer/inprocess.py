@@ -1,7 +1,7 @@
 """KV transfer inside one process: sources registered by address, fetched by direct calls. For tests, and for a
 prefill and a decode engine that share a process."""
 
-from ridgeline.cluster.kv_transfer.messages import Done, Pull, TransferFailed
+from ridgeline.cluster.kv_transfer.messages import Done, Failed, KeepAlive, Pull, TransferFailed
 from ridgeline.cluster.kv_transfer.receiver import verify
 from ridgeline.cluster.kv_transfer.source import KVSource
 
@@ -18,11 +18,20 @@ class InProcessTransport:
         """The source at address is gone (its worker died): later fetches fail."""
         self._sources.pop(address, None)
 
-    def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]:
+    def _source(self, address: str) -> KVSource:
         source = self._sources.get(address)
         if source is None:
             raise TransferFailed(f"no KV source at {address!r} (the prefill worker is gone)")
         source.expire()
+        return source
+
+    def keep_alive(self, address: str, request_id: str) -> None:
+        reply, _ = self._source(address).handle(KeepAlive(request_id))
+        if isinstance(reply, Failed):
+            raise TransferFailed(reply.reason)
+
+    def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]:
+        source = self._source(address)
         reply, frames = source.handle(pull)
         payloads = verify(pull, reply, frames, page_bytes)
         self.bytes_moved += sum(map(len, payloads))

@@ -44,6 +44,14 @@ class Done:
 
 
 @dataclass(frozen=True)
+class KeepAlive:
+    """Decode side -> prefill side: still coming for this request's pages (it waits for room here); hold them.
+    The prefill side extends the lease and echoes it back, or answers Failed when it no longer holds them."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
 class Failed:
     """Either side: the transfer of this request is over without success."""
 
@@ -51,7 +59,7 @@ class Failed:
     reason: str
 
 
-Message = Pull | Pages | Done | Failed
+Message = Pull | Pages | Done | KeepAlive | Failed
 
 
 def _ref(ref: PageRef) -> list:
@@ -85,6 +93,8 @@ def decode(frame: bytes) -> Message:
                          tuple(bytes.fromhex(d) for d in body["digests"]))
         if kind == "Done":
             return Done(request_id)
+        if kind == "KeepAlive":
+            return KeepAlive(request_id)
         if kind == "Failed":
             return Failed(request_id, str(body["reason"]))
     except (ValueError, KeyError, TypeError) as error:

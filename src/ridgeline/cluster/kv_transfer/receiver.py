@@ -1,6 +1,7 @@
 """The decode side of a KV transfer: reserve pages, pull the missing ones, verify, write, admit -- or free what
 was reserved and say why. Transport-agnostic: `transport.fetch(address, pull, page_bytes)` returns the payloads
-in the order asked, or raises TransferFailed."""
+in the order asked, or raises TransferFailed; `transport.keep_alive(address, request_id)` extends the prefill side's
+lease on a request's pages while the decode side waits for room to take them, or raises TransferFailed."""
 
 from dataclasses import dataclass
 from typing import Protocol
@@ -13,6 +14,8 @@ from ridgeline.engine.sampler import TokenLogprobs
 
 class KVTransport(Protocol):
     def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]: ...
+
+    def keep_alive(self, address: str, request_id: str) -> None: ...
 
 
 @dataclass(frozen=True)

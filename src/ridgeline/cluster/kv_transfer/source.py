@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
-from ridgeline.cluster.kv_transfer.messages import Done, Failed, Message, Pages, Pull
+from ridgeline.cluster.kv_transfer.messages import Done, Failed, KeepAlive, Message, Pages, Pull
 from ridgeline.engine.kv_handoff import KVHandoffError, KVManifest, payload_digest
 
 
@@ -59,6 +59,9 @@ class KVSource:
                 self.drop(request_id)
                 return Failed(request_id, f"cannot read the pages asked for: {error}"), []
             return Pages(request_id, message.pages, tuple(payload_digest(p) for p in payloads)), payloads
+        if isinstance(message, KeepAlive):  # a decode side still waiting for room to take them
+            self._leases[request_id] = self._clock() + self.lease_seconds
+            return message, []
         if isinstance(message, (Done, Failed)):
             self.drop(request_id)
         return None, []

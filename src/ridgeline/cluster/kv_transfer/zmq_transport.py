@@ -12,11 +12,12 @@ No silent waits: a socket monitor turns a peer that closes, a connection refused
 
 import threading
 import time
+from contextlib import contextmanager
 import zmq.utils.monitor
 
 import zmq
 
-from ridgeline.cluster.kv_transfer.messages import Done, Pages, Pull, TransferFailed, decode, encode
+from ridgeline.cluster.kv_transfer.messages import Done, Failed, KeepAlive, Pages, Pull, TransferFailed, decode, encode
 from ridgeline.cluster.kv_transfer.receiver import verify
 from ridgeline.cluster.kv_transfer.source import KVSource
 
@@ -99,6 +100,26 @@ class ZmqTransport:
         self.bytes_received = 0
 
     def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]:
+        with self._dealer(address) as (socket, monitor):
+            socket.send(encode(pull))
+            reply, frames = self._await_pages(socket, monitor, address, pull)
+            payloads = verify(pull, reply, frames, page_bytes)
+            socket.send(encode(Done(pull.request_id)))
+            return payloads
+
+    def keep_alive(self, address: str, request_id: str) -> None:
+        with self._dealer(address) as (socket, monitor):
+            socket.send(encode(KeepAlive(request_id)))
+            # Its one reply is not a Pages message, so the pages-awaiting loop (peer-gone events, deadline) returns it.
+            reply, _ = self._await_pages(socket, monitor, address, Pull(request_id, "", ()))
+        if isinstance(reply, Failed):
+            raise TransferFailed(reply.reason)
+        if not isinstance(reply, KeepAlive):
+            raise TransferFailed(f"unexpected reply {type(reply).__name__} to a keep-alive of {request_id!r}")
+
+    @contextmanager
+    def _dealer(self, address: str):
+        """A DEALER connected to `address`, and a monitor that reports the peer going away."""
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -108,11 +129,7 @@ class ZmqTransport:
                                             | zmq.EVENT_CLOSED)
         try:
             socket.connect(address)
-            socket.send(encode(pull))
-            reply, frames = self._await_pages(socket, monitor, address, pull)
-            payloads = verify(pull, reply, frames, page_bytes)
-            socket.send(encode(Done(pull.request_id)))
-            return payloads
+            yield socket, monitor
         finally:
             socket.disable_monitor()
             monitor.close(linger=0)
