@@ -38,7 +38,10 @@ LOAD_ARGS = ("model", "streams", "stream_tokens", "long_prompt_tokens", "long_ou
              "slo_ttft_ms", "slo_itl_ms")
 
 
-def start(args: list[str], cores: str | None = None) -> tuple[subprocess.Popen, str]:
+LOG_DIR = Path("/tmp/disagg-logs")  # each server's stderr, kept: a failed request's cause is in its workers' logs
+
+
+def start(args: list[str], cores: str | None = None, log_name: str = "server") -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-c", "from ridgeline.cli import main; main()", *args, "--port", "0"]
     if cores is not None:
         command = ["taskset", "-c", cores, *command]
@@ -49,8 +52,10 @@ def start(args: list[str], cores: str | None = None) -> tuple[subprocess.Popen, 
         if not line and process.poll() is not None:
             break
         if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
-            # Keep draining stderr so the server never blocks on a full pipe.
-            subprocess.Popen(["cat"], stdin=process.stderr, stdout=subprocess.DEVNULL)
+            # Keep draining stderr so the server never blocks on a full pipe, into a log of its own.
+            LOG_DIR.mkdir(parents=True, exist_ok=True)
+            with open(LOG_DIR / f"{log_name}.log", "w") as log:
+                subprocess.Popen(["cat"], stdin=process.stderr, stdout=log)
             return process, match.group(1)
     process.kill()
     raise RuntimeError(f"{' '.join(args)} did not start")
@@ -132,7 +137,7 @@ def percentiles_ms(gaps: list[float]) -> dict:
 def colocated(budget: int | None, model: list[str], args: argparse.Namespace) -> dict:
     batched = str(budget) if budget else str(args.long_prompt_tokens * 2)  # unchunked: a whole prompt in one step
     process, url = start(["serve", *model, "--threads", "2", "--kv-cache-memory", "1GiB",
-                          "--max-num-batched-tokens", batched])
+                          "--max-num-batched-tokens", batched], log_name=f"colocated-{budget or 'unchunked'}")
     try:
         return asyncio.run(run_load(url, args))
     finally:
@@ -142,11 +147,13 @@ def colocated(budget: int | None, model: list[str], args: argparse.Namespace) ->
 def disaggregated(model: list[str], args: argparse.Namespace) -> dict:
     common = ["--threads", "1", "--kv-cache-memory", "1GiB"]
     prefill, prefill_url = start(["serve", *model, *common, "--role", "prefill", "--max-num-batched-tokens",
-                                  str(args.long_prompt_tokens * 2)], cores="0")
+                                  str(args.long_prompt_tokens * 2)], cores="0", log_name="prefill")
     decode, decode_url = start(["serve", *model, *common, "--role", "decode", "--max-num-batched-tokens", "256"],
-                               cores="1")
+                               cores="1", log_name="decode")
+    # The proxy relays every streamed token: on the decode core it competes with the decode steps it relays (the
+    # ITL the client sees), on the prefill core with prefill (TTFT). --proxy-core chooses.
     proxy, proxy_url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url, "--local-prefill-tokens", "1"],
-                             cores="1")
+                             cores=args.proxy_core, log_name="proxy")
     try:
         return asyncio.run(run_load(proxy_url, args))
     finally:
@@ -179,6 +186,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of long-prompt arrivals per setting")
     parser.add_argument("--slo-ttft-ms", type=float, default=40000.0)
     parser.add_argument("--slo-itl-ms", type=float, default=600.0, help="applied to each request's mean ITL")
+    parser.add_argument("--proxy-core", default="1", help="core of the disaggregated setting's proxy (decode's: 1)")
     parser.add_argument("--json", default=None, help="add the results to this file (same load only)")
     args = parser.parse_args()
     names = [f"chunked-{b}" for b in args.budgets.split(",")] + ["unchunked", "disaggregated"]
@@ -199,7 +207,8 @@ def main() -> None:
             result = disaggregated(model, args)
         else:
             result = colocated(None if name == "unchunked" else int(name.split("-")[1]), model, args)
-        saved["settings"][name] = {**result, "started_utc": began}
+        saved["settings"][name] = {**result, "started_utc": began,
+                                   **({"proxy_core": args.proxy_core} if name == "disaggregated" else {})}
         print(name, result, flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(saved, indent=2))
