@@ -155,7 +155,11 @@ def disaggregated(model: list[str], args: argparse.Namespace) -> dict:
     proxy, proxy_url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url, "--local-prefill-tokens", "1"],
                              cores=args.proxy_core, log_name="proxy")
     try:
-        return asyncio.run(run_load(proxy_url, args))
+        result = asyncio.run(run_load(proxy_url, args))
+        # The decode engine's own ITL (its step outputs' gaps, the dashboard's 60 s window): what the client sees
+        # less the relay through the proxy and the client's own scheduling.
+        result["decode_engine_latency"] = httpx.get(f"{decode_url}/dashboard/state", timeout=60).json()["latency"]
+        return result
     finally:
         for process in (proxy, prefill, decode):
             process.kill()

@@ -22,6 +22,7 @@ torch attention path. Measured and printed, not asserted.
 import argparse
 import json
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -119,8 +120,6 @@ def decode_speed(runners: dict[str, ModelRunner], ids: list[int], bos: int, ctx:
 
 def llamacpp_kld(threads: int, contexts: str, positions: int) -> dict:
     """llama.cpp's q8_0 KV against its f16 KV on the same model and windows (llamacpp_kv_kld.py in its venv)."""
-    import subprocess
-
     from llamacpp_env import llamacpp_python
 
     from ridgeline.model.checkpoint import resolve_model_path
@@ -169,7 +168,11 @@ def main() -> None:
     results[f"decode_tok_s_at_{max(contexts)}"] = decode_speed(fast, ids, bos, max(contexts), args.chunk)
     results["seconds"] = time.perf_counter() - began
     if args.llamacpp:
-        results["llamacpp"] = llamacpp_kld(args.threads, args.contexts, args.positions)
+        print(json.dumps({"ridgeline": results}), flush=True)  # kept, whatever becomes of the llama.cpp run
+        try:
+            results["llamacpp"] = llamacpp_kld(args.threads, args.contexts, args.positions)
+        except subprocess.CalledProcessError as error:
+            results["llamacpp_error"] = str(error)
     if args.json:
         print(json.dumps(results, indent=2))
         return

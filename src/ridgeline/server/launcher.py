@@ -1,5 +1,6 @@
 """Run the server: in the foreground for `ridgeline serve`, or on a background thread for tests and benchmarks."""
 
+import gc
 import logging
 import signal
 import threading
@@ -17,9 +18,19 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def freeze_startup_heap() -> None:
+    """Take what start-up built, which lives as long as the process (the 262k-entry vocabulary, the model's
+    modules...), out of the garbage collector's sight. A full collection otherwise walks those ~200k objects, ~110 ms
+    on the default model here with the GIL held: a stall of whatever decode step it lands in, every few seconds under
+    load (it set the disaggregated decode worker's ITL p99 at 2.3x its median). vLLM and SGLang freeze it too."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_server(app: FastAPI, config: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT: stop accepting, give in-flight requests drain_timeout to finish, abort the
     rest, stop the engine, return."""
+    freeze_startup_heap()
     # uvicorn re-raises the signal it caught once it has shut down; ignoring SIGTERM by then makes that a clean exit.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     uvicorn.run(

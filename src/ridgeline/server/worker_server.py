@@ -9,11 +9,12 @@ def start_worker_server(role: str, config: PoolConfig, host: str) -> str:
     from ridgeline.cli.engine_options import engine_config
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
-    from ridgeline.server.launcher import BackgroundServer
+    from ridgeline.server.launcher import BackgroundServer, freeze_startup_heap
 
     engine = LLMEngine(engine_config(config.model, threads=config.threads_per_worker,
                                      kv_cache_memory=config.kv_cache_memory, kv_cache_dtype=config.kv_cache_dtype))
     server = BackgroundServer(create_app(engine, ServerConfig(host=host, role=role, kv_bind=f"tcp://{host}:*")),
                               host=host)
+    freeze_startup_heap()
     server.__enter__()  # serves until the process (the actor) ends
     return server.url
