@@ -21,8 +21,8 @@ def configure_logging() -> None:
 def freeze_startup_heap() -> None:
     """Take what start-up built, which lives as long as the process (the 262k-entry vocabulary, the model's
     modules...), out of the garbage collector's sight. A full collection otherwise walks those ~200k objects, ~110 ms
-    on the default model here with the GIL held: a stall of whatever decode step it lands in, every few seconds under
-    load (it set the disaggregated decode worker's ITL p99 at 2.3x its median). vLLM and SGLang freeze it too."""
+    on the default model here (measured) with the GIL held: a stall of whatever decode step it lands in. vLLM and
+    SGLang freeze it too."""
     gc.collect()
     gc.freeze()
 
