@@ -2,7 +2,8 @@
 
 1. Prefix affinity: 8 shared system prompts x many user turns (4 in flight at a time), each replica's KV cache
    holding about 5 of the 8 prompts. Prefilled tokens and mean TTFT under the router's policy (cost: affinity +
-   counted load) against round-robin. Target: >= 2x fewer prefilled tokens.
+   counted load) against round-robin. Target: >= 2x fewer prefilled tokens. `--copy-penalty 0` runs the policy
+   as it was before copies of a held prefix were charged (greedy per-request cost), for comparison.
 2. Uniform traffic (no shared prefixes): requests per replica; target: no replica above 1.3x another.
 3. The router's own TTFT overhead: the same engine served by the one-model server, by the router app (engine
    in process), and the one-model server proxied through the router (OpenAI backend), sequential requests.
@@ -27,6 +28,7 @@ from ridgeline.cli.engine_options import engine_config
 from ridgeline.cluster.errors import ReplicaFailed
 from ridgeline.cluster.http_replica import HttpReplica
 from ridgeline.cluster.local_replica import LocalReplica
+from ridgeline.cluster import replica_policy
 from ridgeline.cluster.messages import GenerateRequest
 from ridgeline.cluster.rates import Rates
 from ridgeline.cluster.router import ModelGroup, Router
@@ -201,13 +203,16 @@ def main() -> None:
     parser.add_argument("--kv", default="24MiB", help="KV cache per replica (about 5 of the 8 system prompts)")
     parser.add_argument("--model", help="GGUF file (default: the bundled model)")
     parser.add_argument("--system-words", type=int, default=SYSTEM_WORDS, help="words per shared system prompt")
+    parser.add_argument("--copy-penalty", type=float, default=replica_policy.COPY_PENALTY,
+                        help="the replica policy's charge for copying a held prefix (0: the greedy per-request cost)")
     parser.add_argument("--json")
     args = parser.parse_args()
     MODEL, SYSTEM_WORDS = args.model, args.system_words
+    replica_policy.COPY_PENALTY = args.copy_penalty
     torch.set_num_threads(1)
     affinity, engines = asyncio.run(affinity_and_uniform(args.kv, args.requests))
     print(engines[0].capacity_report, file=sys.stderr)
-    results = {"affinity": affinity}
+    results = {"copy_penalty": args.copy_penalty, "affinity": affinity}
     print(json.dumps(results["affinity"], indent=1), flush=True)
     results["ttft"] = ttft_overhead(engines[0], args.ttft_requests)
     print(json.dumps(results["ttft"]), flush=True)

@@ -148,3 +148,58 @@ def test_first_measurement_replaces_the_prior_later_ones_blend_in():
     assert rates.decode_tokens_per_s == 20
     rates.observe(100, 0.05, 10, 0.25)
     assert 1000 < rates.prefill_tokens_per_s < 2000 and 20 < rates.decode_tokens_per_s < 40
+
+
+# ------------------------------------------------------------ replica choice: prefix affinity against load
+# Fake replicas: a LoadTracker and a PrefixIndex fed by hand, rates fixed at 1,000 prefill tokens/s so that a
+# backlog of N tokens is N ms of queue.
+
+def _replica_state(holder_backlog: int, other_backlog: int = 0):
+    from ridgeline.cluster.rates import Rates
+
+    loads, index = LoadTracker(), PrefixIndex()
+    rates = {name: Rates(1000.0, 50.0, "configured") for name in ("holder", "other")}
+    if holder_backlog:
+        loads.dispatched("holder", "ahead", holder_backlog)
+    if other_backlog:
+        loads.dispatched("other", "ahead-other", other_backlog)
+    return loads, index, rates
+
+
+def _rank(prompt_tokens: int, cached: dict[str, int], loads, index, rates):
+    from ridgeline.cluster.replica_policy import rank_replicas
+
+    return rank_replicas(["holder", "other"], prompt_tokens, 8, cached, index, loads, rates)
+
+
+def test_a_turn_stays_with_its_prefix_while_the_holder_is_still_prefilling_it():
+    # The holder's queue is the prefix's own first prefill (290 tokens); the other replica is idle. For this turn
+    # alone the two are about a wash (wait 290 there, or prefill 280 here), but a copy evicts other prefixes from a
+    # full cache and splits this prefix's traffic, so it stays.
+    loads, index, rates = _replica_state(holder_backlog=290)
+    ranked = _rank(300, {"holder": 280, "other": 0}, loads, index, rates)
+    assert ranked[0].replica == "holder"
+    other = ranked[1]
+    assert other.cost.total_s < ranked[0].cost.total_s  # the greedy per-request cost alone would have moved it
+    assert other.copy_s == pytest.approx(0.28)  # charged for repeating the 280 held tokens
+
+
+def test_a_prefix_moves_only_when_the_holders_queue_outweighs_twice_the_prefill_it_saves():
+    saved = 280
+    for backlog, expected in [(2 * saved - 40, "holder"), (2 * saved + 40, "other")]:
+        loads, index, rates = _replica_state(holder_backlog=backlog)
+        assert _rank(300, {"holder": saved, "other": 0}, loads, index, rates)[0].replica == expected, backlog
+
+
+def test_prompts_no_replica_holds_are_placed_by_counted_load_alone():
+    loads, index, rates = _replica_state(holder_backlog=50)  # "holder" holds nothing of this prompt
+    ranked = _rank(300, {"holder": 0, "other": 0}, loads, index, rates)
+    assert ranked[0].replica == "other"
+    assert all(choice.copy_s == 0 for choice in ranked)
+    assert all(choice.score == choice.cost.total_s for choice in ranked)
+
+
+def test_a_replica_holding_part_of_a_prefix_is_charged_only_for_the_part_another_holds_beyond_it():
+    loads, index, rates = _replica_state(holder_backlog=0)
+    ranked = {c.replica: c for c in _rank(300, {"holder": 280, "other": 160}, loads, index, rates)}
+    assert ranked["holder"].copy_s == 0 and ranked["other"].copy_s == pytest.approx(0.12)
