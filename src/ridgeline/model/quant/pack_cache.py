@@ -5,10 +5,13 @@ model's start on 2 cores), and where the compiled kernels do not run, the float3
 An entry is named by what it was packed from: the stored bytes, type and shape, and the layout the packer
 writes. Any change to the weights (another file, a requantised LM head) or to the packer gives another name, so
 a stale entry is never read. Small weights (tests' tiny models) are packed afresh: they cost nothing and would
-only fill the folder. An unreadable entry is ignored and rewritten; entries are written atomically.
+only fill the folder. An unreadable entry is ignored and rewritten; entries are written atomically. Both kinds
+are mapped, not read, on a warm start: the pages come in when a step first reads them, as llama.cpp maps its
+weights.
 """
 
 import hashlib
+import json
 import os
 import tempfile
 import warnings
@@ -22,6 +25,10 @@ from ridgeline.model.quant.packing import QUANT_BITS, PackedWeight, pack
 from ridgeline.model.weights import StoredTensor
 
 PACK_LAYOUT = 1  # bump with any change to what pack() writes
+# An entry file: MAGIC, the JSON header's length (8 bytes, little-endian), the header (each plane's name, dtype,
+# shape and offset), then the planes at 64-byte aligned offsets, so a warm start maps them instead of reading them.
+MAGIC = b"ridgeline-packed-1\n"
+ALIGN = 64
 MIN_CACHED_BYTES = 256 * 1024  # every matrix of a real model is larger; tests' tiny ones are smaller
 _PLANES = ("quants", "high", "d", "dmin", "sc", "m")
 
@@ -29,7 +36,7 @@ _PLANES = ("quants", "high", "d", "dmin", "sc", "m")
 def entry_path(weight: StoredTensor, kind: str = "packed") -> Path:
     digest = hashlib.sha256(f"{PACK_LAYOUT}|{weight.qtype.name}|{weight.shape}|".encode())
     digest.update(memoryview(weight.data.contiguous().numpy()).cast("B"))
-    return native.CACHE_DIR / kind / f"{digest.hexdigest()[:40]}.npz"
+    return native.CACHE_DIR / kind / f"{digest.hexdigest()[:40]}.{'pack' if kind == 'packed' else 'npy'}"
 
 
 def cached_pack(weight: StoredTensor) -> PackedWeight:
@@ -40,7 +47,7 @@ def cached_pack(weight: StoredTensor) -> PackedWeight:
     packed = _read(path, weight)
     if packed is None:
         packed = pack(weight)
-        _write(path, lambda file: np.savez(file, **dict(zip(_PLANES, (plane.numpy() for plane in packed.planes)))))
+        _write(path, lambda file: _save_planes(file, [plane.numpy() for plane in packed.planes]))
     return packed
 
 
@@ -49,7 +56,7 @@ def cached_dense(weight: StoredTensor) -> torch.Tensor:
     this machine dequantised the same weight before: gguf's dequantiser takes seconds for a whole model."""
     if weight.nbytes < MIN_CACHED_BYTES:
         return weight.dequantize(torch.float32)
-    path = entry_path(weight, "dense").with_suffix(".npy")
+    path = entry_path(weight, "dense")
     try:
         # Mapped, not read: a warm start is ready at once and the pages come in on the first request that reads
         # them (as llama.cpp maps its weights). The layers never write to it.
@@ -66,10 +73,44 @@ def cached_dense(weight: StoredTensor) -> torch.Tensor:
     return dense
 
 
+def _save_planes(file, planes: list[np.ndarray]) -> None:
+    entries, offset = [], 0
+    for name, plane in zip(_PLANES, planes):
+        entries.append([name, plane.dtype.str, list(plane.shape), offset])
+        offset += -(-plane.nbytes // ALIGN) * ALIGN
+    header = json.dumps(entries).encode()
+    start = -(-(len(MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
+    file.write(MAGIC + len(header).to_bytes(8, "little") + header)
+    file.write(b"\0" * (start - file.tell()))
+    for plane in planes:
+        file.write(np.ascontiguousarray(plane).tobytes())
+        file.write(b"\0" * (-plane.nbytes % ALIGN))
+
+
+def _map_planes(path: Path) -> list[torch.Tensor]:
+    """The planes of an entry, mapped read-only (the layers never write their weights): a warm start costs page
+    mappings, not a read and copy of every weight."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if bytes(data[:len(MAGIC)]) != MAGIC:
+        raise ValueError("not a packed-weight entry")
+    length = int.from_bytes(bytes(data[len(MAGIC):len(MAGIC) + 8]), "little")
+    header_end = len(MAGIC) + 8 + length
+    entries = json.loads(bytes(data[len(MAGIC) + 8:header_end]))
+    start = -(-header_end // ALIGN) * ALIGN
+    planes = []
+    for (name, dtype, shape, offset), expected in zip(entries, _PLANES, strict=True):
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if name != expected or start + offset + nbytes > len(data):
+            raise ValueError(f"plane {name} does not fit the entry")
+        planes.append(data[start + offset:start + offset + nbytes].view(np.dtype(dtype)).reshape(shape))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's note that the arrays are read-only
+        return [torch.from_numpy(plane) for plane in planes]
+
+
 def _read(path: Path, weight: StoredTensor) -> PackedWeight | None:
     try:
-        with np.load(path, allow_pickle=False) as entry:
-            planes = [torch.from_numpy(entry[name]) for name in _PLANES]
+        planes = _map_planes(path)
     except FileNotFoundError:
         return None
     except Exception as error:  # noqa: BLE001 - truncated, garbage or foreign: pack again and overwrite
