@@ -210,6 +210,23 @@ def test_a_prefill_worker_lost_while_the_request_waits_for_room_fails_it_at_once
         assert_no_pages_leaked(decode.url)
 
 
+def test_the_decode_worker_gets_the_prompt_as_the_prefill_workers_token_ids(monkeypatch):
+    """Tokenising a long prompt is pure Python with the GIL held: on a decode worker it stalls every stream there.
+    The front hands the decode worker the ids the prefill worker computed (from its manifest), so text is
+    tokenised there once, for the prefix-cache lookup, not again for the request."""
+    engine = tiny_engine()
+    texts = []
+    encode = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, *a, **k: texts.append(text) or encode(text, *a, **k))
+    with BackgroundServer(create_app(engine, ServerConfig(role="decode"))) as decode, serve("prefill") as prefill:
+        with BackgroundServer(create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))) as proxy:
+            with serve() as colocated:
+                assert completion_text(proxy.url, PROMPTS[2], stream=False) == \
+                    completion_text(colocated.url, PROMPTS[2], stream=False)
+            assert metric(decode.url, "ridgeline_kv_transfer_pages_received_total") > 0  # it did go remote
+    assert texts == [PROMPTS[2]]  # the lookup's; the request itself came as ids
+
+
 def test_a_client_gone_between_prefill_and_decode_releases_the_pages(cluster):
     prefill, decode, _, _ = cluster
     answer = httpx.post(f"{prefill}/v1/completions", json={
