@@ -153,6 +153,11 @@ class EngineThread:
         if sink is not None:
             self._deliver([(sink, error)])
 
+    def drop_waiting(self, request_id: str) -> None:
+        """On the engine thread: forget the request's message still waiting for room (a decode worker's ReceiveKV),
+        as an abort or a failure of the request must."""
+        self._deferred = [waiting for waiting in self._deferred if getattr(waiting, "request_id", None) != request_id]
+
     def _fail_all(self, reason: str) -> None:
         with self._wake:
             sinks, self._sinks = self._sinks, {}
@@ -211,9 +216,9 @@ class EngineThread:
                 self.fail(message.request_id, error)
         elif isinstance(message, AbortRequest):
             self.engine.abort(message.request_id)  # frees its pages now; its "abort" output comes from the next step
-            # A message of the request still waiting for room (a decode worker's ReceiveKV) goes with it.
-            self._deferred = [waiting for waiting in self._deferred
-                              if getattr(waiting, "request_id", None) != message.request_id]
+            self.drop_waiting(message.request_id)
+            if AbortRequest in self.handlers:  # a handler keeping state for requests that wait may want to know
+                self.handlers[AbortRequest](message)
         else:
             handler = self.handlers.get(type(message))
             if handler is None:

@@ -115,7 +115,7 @@ class DisaggregatedFront:
             await self._release(prefill_url, kv)
             return Response(status_code=204)
         decode_body = {**body, "kv_transfer_params": {**kv, "do_remote_prefill": True}}
-        if isinstance(body.get("prompt"), str) and "messages" not in body:
+        if isinstance(body.get("prompt"), str):
             # The prefill worker tokenised the prompt already; its ids, from the manifest, spare the decode worker
             # doing it again on its own core with the GIL held (~24 ms per 2,000 words there, a stall of every
             # stream it decodes). The decode worker still checks them against the pages' chain hashes.

@@ -12,7 +12,7 @@ from ridgeline.cluster.kv_transfer.messages import TransferFailed
 from ridgeline.cluster.kv_transfer.receiver import KVTransport, commit, fetch, reserve
 from ridgeline.engine.engine_thread import EngineThread
 from ridgeline.engine.kv_handoff import PageRef
-from ridgeline.engine.messages import ReceiveKV
+from ridgeline.engine.messages import AbortRequest, ReceiveKV
 from ridgeline.errors import RidgelineError
 from ridgeline.server.errors import APIError
 from ridgeline.server.metrics import ServerMetrics
@@ -53,17 +53,13 @@ class KVIntake:
         # Requests waiting for room: when their lease was last extended (inf: a keep-alive is on its way). Only
         # touched on the engine thread.
         self._waiting: dict[str, float] = {}
-        self._given_up: set[str] = set()  # failed while waiting; their deferred ReceiveKV is dropped
 
     def install(self, driver: EngineThread) -> None:
         self.driver = driver
         driver.handlers.update({ReceiveKV: self._receive, _KVArrived: self._arrived, _KVFailed: self._failed,
-                                _LeaseExtended: self._lease_extended})
+                                _LeaseExtended: self._lease_extended, AbortRequest: self._aborted})
 
     def _receive(self, message: ReceiveKV) -> bool:
-        if message.request_id in self._given_up:
-            self._given_up.discard(message.request_id)
-            return True  # its keep-alive failed while it waited: the client has had its error
         if self.transport is None:
             return self._failed(_KVFailed(message.request_id, "this server is not a decode worker (no KV transport)"))
         engine = self.driver.engine
@@ -118,9 +114,13 @@ class KVIntake:
         self.metrics.observe_kv_received(len(message.refs), sum(map(len, message.payloads)), message.seconds)
         return True
 
+    def _aborted(self, message: AbortRequest) -> bool:
+        self._waiting.pop(message.request_id, None)  # (the driver dropped its ReceiveKV)
+        return True
+
     def _failed(self, message: _KVFailed) -> bool:
-        if self._waiting.pop(message.request_id, None) is not None:
-            self._given_up.add(message.request_id)  # its ReceiveKV is still deferred: drop it when next offered
+        self._waiting.pop(message.request_id, None)
+        self.driver.drop_waiting(message.request_id)  # a keep-alive that failed: its ReceiveKV is still deferred
         self.driver.engine.abort(message.request_id)
         self.metrics.kv_transfers_failed.inc()
         self.driver.fail(message.request_id,

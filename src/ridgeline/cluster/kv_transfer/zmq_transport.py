@@ -102,7 +102,7 @@ class ZmqTransport:
     def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]:
         with self._dealer(address) as (socket, monitor):
             socket.send(encode(pull))
-            reply, frames = self._await_pages(socket, monitor, address, pull)
+            reply, frames = self._await_reply(socket, monitor, address, pull.request_id, len(pull.pages))
             payloads = verify(pull, reply, frames, page_bytes)
             socket.send(encode(Done(pull.request_id)))
             return payloads
@@ -110,8 +110,7 @@ class ZmqTransport:
     def keep_alive(self, address: str, request_id: str) -> None:
         with self._dealer(address) as (socket, monitor):
             socket.send(encode(KeepAlive(request_id)))
-            # Its one reply is not a Pages message, so the pages-awaiting loop (peer-gone events, deadline) returns it.
-            reply, _ = self._await_pages(socket, monitor, address, Pull(request_id, "", ()))
+            reply, _ = self._await_reply(socket, monitor, address, request_id, 0)
         if isinstance(reply, Failed):
             raise TransferFailed(reply.reason)
         if not isinstance(reply, KeepAlive):
@@ -135,9 +134,10 @@ class ZmqTransport:
             monitor.close(linger=0)
             socket.close(linger=0)
 
-    def _await_pages(self, socket, monitor, address: str, pull: Pull):
-        """The reply to `pull`, its Pages chunks joined (or the first non-Pages reply, for verify to refuse). The
-        deadline restarts with every chunk: a slow link that keeps delivering is alive; one that stops is not."""
+    def _await_reply(self, socket, monitor, address: str, request_id: str, num_pages: int):
+        """The reply about `request_id`: num_pages pages as one Pages (joined from its chunks), or the first reply
+        that is not Pages (a keep-alive's echo, or a Failed for verify to refuse). The deadline restarts with every
+        chunk: a slow link that keeps delivering is alive; one that stops is not."""
         poller = zmq.Poller()
         poller.register(socket, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -149,18 +149,18 @@ class ZmqTransport:
                 header, *chunk = socket.recv_multipart(copy=True)
                 self.bytes_received += len(header) + sum(map(len, chunk))
                 reply = decode(header)
-                if not isinstance(reply, Pages) or reply.request_id != pull.request_id:
+                if not isinstance(reply, Pages) or reply.request_id != request_id:
                     return reply, chunk
                 refs += reply.pages
                 digests += reply.digests
                 frames += chunk
-                if len(refs) >= len(pull.pages):
-                    return Pages(pull.request_id, tuple(refs), tuple(digests)), frames
+                if len(refs) >= num_pages:
+                    return Pages(request_id, tuple(refs), tuple(digests)), frames
                 deadline = time.monotonic() + self.timeout
             elif monitor in ready:
                 event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
                 if event in _PEER_GONE:
-                    got = f" after {len(refs)} of {len(pull.pages)} pages" if refs else ""
+                    got = f" after {len(refs)} of {num_pages} pages" if refs else ""
                     raise TransferFailed(f"{_PEER_GONE[event]} at {address}{got}")
         raise TransferFailed(f"no answer from the prefill side at {address} within {self.timeout:g} s")
 
