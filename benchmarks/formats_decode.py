@@ -19,13 +19,13 @@ import statistics
 import subprocess
 from pathlib import Path
 
+from bench_vs_llamacpp import run_llamacpp
 from llamacpp_env import CPU_LOCK, llamacpp_python
 
 from ridgeline.bench.bench_latency import LatencyConfig, run_latency
 from ridgeline.model.checkpoint import resolve_model_path
 
 HERE = Path(__file__).resolve().parent
-WORKER = HERE / "llamacpp_worker.py"
 FILES = HERE / ".formats"
 # The ftype names of llama.cpp's quantiser; the stored file is kept as it came (Q4_K_M).
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")
@@ -54,12 +54,6 @@ def quantised_file(python: Path, source: Path, ftype: str) -> Path:
     return target
 
 
-def llamacpp_latency(python: Path, model: Path, args: argparse.Namespace) -> dict:
-    command = [python, WORKER, model, args.prompt_tokens, args.gen_tokens, args.threads, args.repetitions]
-    done = subprocess.run([str(part) for part in command], check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default=",".join(TYPES), help="llama.cpp ftype names, comma-separated")
@@ -79,7 +73,7 @@ def main() -> None:
             config = LatencyConfig(str(model), args.prompt_tokens, args.gen_tokens, args.threads, args.repetitions,
                                    ("quantized",))
             ours = run_latency(config)[0]
-            theirs = llamacpp_latency(python, model, args)
+            theirs = run_llamacpp(python, model, args)
             row = {"type": ftype, "file_mb": model.stat().st_size / 1e6, "bytes_per_token_mb": ours.bytes_per_token / 1e6,
                    "tg_tok_s": statistics.mean(ours.tg_tok_s), "llamacpp_tg_tok_s": statistics.mean(theirs["tg_tok_s"]),
                    "pp_tok_s": statistics.mean(ours.pp_tok_s), "llamacpp_pp_tok_s": statistics.mean(theirs["pp_tok_s"]),
