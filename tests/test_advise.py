@@ -5,7 +5,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ridgeline.cli import _register_commands
+from ridgeline.cli import register_commands
 from ridgeline.cli.app import app
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.advise import EFFICIENCY, RequestShape, advise, advise_one
@@ -67,7 +67,7 @@ def test_a_model_that_fits_nowhere_is_a_clear_error():
 
 
 def test_advise_cli_json_ranks_and_states_its_rules():
-    _register_commands()
+    register_commands()
     args = ["advise", "--prompt-tokens", "2000", "--output-tokens", "300", "--model", "qwen2.5-7b", "--weights", "Q8_0", "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

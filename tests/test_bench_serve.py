@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, check_target
 from ridgeline.bench.serve_metrics import Slo
-from ridgeline.cli import _register_commands
+from ridgeline.cli import register_commands
 from ridgeline.cli.app import app as cli_app
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.measured import parse_points
@@ -177,7 +177,7 @@ def test_remote_targets_are_refused_unless_allowed():
 
 def test_cli_prints_json_and_writes_both_plots(stub, tmp_path):
     base_url, _ = stub
-    _register_commands()
+    register_commands()
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("\n".join(json.dumps({"prompt": f"hello number {i}", "max_tokens": 3}) for i in range(5)))
     args = ["bench", "serve", "--base-url", base_url, "--concurrency", "1,2", "--num-prompts", "4", "--dataset", str(dataset),

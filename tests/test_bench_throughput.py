@@ -70,9 +70,9 @@ def test_roofline_prediction_is_the_napkin_decode_ceiling_at_the_average_context
 
 
 def invoke_cli(tiny_model, *options):
-    from ridgeline.cli import _register_commands, app
+    from ridgeline.cli import register_commands, app
 
-    _register_commands()
+    register_commands()
     result = CliRunner().invoke(app, ["bench", "throughput", "--model", str(tiny_model), "--batch-sizes", "1,2",
                                       "--input-len", "6", "--output-len", "3", "--threads", "2", *options])
     assert result.exit_code == 0, result.output

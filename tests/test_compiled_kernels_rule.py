@@ -83,7 +83,35 @@ def test_a_lock_left_by_a_process_killed_while_loading_does_not_hang_the_next(tm
 
     build_dir = native.CACHE_DIR / "torch_extensions" / f"kernels_{native.kernel_target().name}"
     (build_dir / "lock").touch()
+    # Without the stamp of a finished build the process goes through torch's loader, the path that would wait.
+    (build_dir / native.BUILT_FROM).unlink(missing_ok=True)
     code = "from ridgeline.model import native; assert native.compiled() is not None"
     result = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert not (build_dir / "lock").exists()
+    assert (build_dir / native.BUILT_FROM).exists()  # and the next start imports the finished build directly
+
+
+@needs_compiled
+def test_a_warm_start_imports_the_finished_build_without_torchs_builder():
+    import subprocess
+    import sys
+
+    assert native.compiled() is not None  # the stamp is written by now
+    code = ("import sys; from ridgeline.model import native; assert native.compiled() is not None; "
+            "print('torch.utils.cpp_extension' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+@needs_compiled
+def test_a_stamp_from_other_sources_is_not_trusted(tmp_path, monkeypatch):
+    target = native.kernel_target()
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    (build_dir / "kernels.so").write_bytes(b"not a library")
+    (build_dir / native.BUILT_FROM).write_text("0" * 64 + " kernels.so\n")  # another digest
+    assert native._load_finished_build(build_dir, target) is None
+    (build_dir / native.BUILT_FROM).write_text(native._build_digest(target) + " kernels.so\n")
+    assert native._load_finished_build(build_dir, target) is None  # the digest matches, the file is no library

@@ -8,7 +8,7 @@ import pytest
 from server_helpers import serve_tiny_model, tiny_engine
 from typer.testing import CliRunner
 
-from ridgeline.cli import _register_commands
+from ridgeline.cli import register_commands
 from ridgeline.cli.app import app as cli_app
 from ridgeline.dashboard.engine_view import engine_view
 from ridgeline.engine.sampling_params import SamplingParams
@@ -102,7 +102,7 @@ def test_the_figure_endpoint_and_its_html_export_carry_the_same_points(server, t
 
 
 def test_bench_serve_plot_leaves_the_roofline_of_its_steps(tmp_path):
-    _register_commands()
+    register_commands()
     with serve_tiny_model(hardware=MACHINE) as server:
         args = ["bench", "serve", "--base-url", server.url, "--num-prompts", "2", "--input-len", "40", "--output-len",
                 "4", "--json", "--plot", str(tmp_path / "run")]
@@ -115,7 +115,7 @@ def test_bench_serve_plot_leaves_the_roofline_of_its_steps(tmp_path):
 
 
 def test_roofline_plot_writes_html_with_the_dashboards_drawing(tmp_path):
-    _register_commands()
+    register_commands()
     chart = tmp_path / "roofline.html"
     result = CliRunner().invoke(cli_app, ["roofline", "--model", "llama-3.1-8b", "--hardware", MACHINE, "--plot", str(chart)])
     assert result.exit_code == 0, result.output

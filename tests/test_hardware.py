@@ -8,7 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from ridgeline.bench import measure, this_machine
-from ridgeline.cli import _register_commands
+from ridgeline.cli import register_commands
 from ridgeline.cli.app import app
 from ridgeline.napkin.hardware import catalogue, catalogue_version, observations
 from ridgeline.napkin.measured import parse_points
@@ -109,7 +109,7 @@ def test_real_measurements_on_small_sizes_are_finite_and_plausible():
 
 
 def test_roofline_cli_reports_json_and_draws_the_chart(tmp_path):
-    _register_commands()
+    register_commands()
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps([{"label": "tg", "phase": "decode", "batch": 1, "context": 4096, "tokens_per_s": 40.0}]))
     chart = tmp_path / "roofline.png"
@@ -125,7 +125,7 @@ def test_roofline_cli_reports_json_and_draws_the_chart(tmp_path):
 
 
 def test_roofline_cli_rejects_bad_measured_files(tmp_path):
-    _register_commands()
+    register_commands()
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"phase": "warmup", "tokens_per_s": 1}]))
     result = CliRunner().invoke(app, ["roofline", "--model", "llama-2-7b", "--hardware", "apple-m1-max", "--measured", str(bad)])

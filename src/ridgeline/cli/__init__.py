@@ -1,4 +1,9 @@
-"""Entry point: import every command module (they register on `app`), run, and turn user errors into one line."""
+"""Entry point: import the command modules (they register on `app`), run, and turn user errors into one line.
+
+Only the module of the command being run is imported when argv names one (`serve`, `bench latency`): the
+others pull in matplotlib, the benchmark clients and the simulator, half a second of imports that a server's
+start-up would pay for nothing. `--help` and anything unrecognised import them all, so help lists every command.
+"""
 
 import importlib
 import pkgutil
@@ -10,14 +15,30 @@ from ridgeline.cli.app import app
 from ridgeline.errors import RidgelineError
 
 
-def _register_commands() -> None:
-    for module in pkgutil.iter_modules(__path__):
-        if module.name != "app":
-            importlib.import_module(f"{__name__}.{module.name}")
+def command_modules() -> list[str]:
+    return [module.name for module in pkgutil.iter_modules(__path__) if module.name != "app"]
+
+
+def modules_for(argv: list[str]) -> list[str]:
+    """The command modules `ridgeline ARGV` needs: the one named by its first words, or all of them."""
+    known = command_modules()
+    words = [word for word in argv[:2] if not word.startswith("-")]
+    # `bench latency` lives in bench_latency.py, `serve` in serve.py.
+    for length in (2, 1):
+        name = "_".join(words[:length])
+        if len(words) >= length and name in known:
+            return [name]
+    return known
+
+
+def register_commands(argv: list[str] | None = None) -> None:
+    """Import the command modules `ridgeline ARGV` needs (every one without ARGV) so they register on `app`."""
+    for name in command_modules() if argv is None else modules_for(argv):
+        importlib.import_module(f"{__name__}.{name}")
 
 
 def main() -> None:
-    _register_commands()
+    register_commands(sys.argv[1:])
     try:
         app()
     except RidgelineError as error:

@@ -1,5 +1,6 @@
 """A tensor as stored in a model file: dense, or GGML block-quantised and kept that way until a layer decides."""
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,10 @@ class StoredTensor:
     def bits_per_weight(self) -> float:
         return 8 * self.nbytes / self.numel
 
+    def byte_parts(self) -> list[torch.Tensor]:
+        """The stored bytes, as the pieces they are held in (whose concatenation is `data`)."""
+        return [self.data]
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if not self.is_quantized:  # a copy: the stored data may be a view of the file's memory map
             return self.data.to(dtype, copy=True)
@@ -82,3 +87,28 @@ class StoredTensor:
 def block_geometry(qtype: GGMLQuantizationType) -> tuple[int, int]:
     """(weights per block, bytes per block) of a GGML type."""
     return GGML_QUANT_SIZES[qtype]
+
+
+class RowStack(StoredTensor):
+    """Several stored matrices of one type stacked by output rows (a layer's q/k/v or gate/up), concatenated only
+    when something reads `data`. Stored rows are whole quantisation blocks, so rows concatenate byte-wise. A warm
+    start finds the packed stack in the cache by hashing the parts in order (the same digest as their
+    concatenation) and never builds the copy: ~0.3 s of the default model's start."""
+
+    def __init__(self, parts: list[StoredTensor]):  # (not the dataclass __init__: `data` is computed)
+        if len({part.qtype for part in parts}) != 1 or len({tuple(part.shape[1:]) for part in parts}) != 1:
+            raise ValueError("stacked rows must share their type and row shape")
+        self.parts = parts
+        self.qtype = parts[0].qtype
+        self.shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
+
+    @functools.cached_property
+    def data(self) -> torch.Tensor:  # type: ignore[override]
+        return torch.cat([part.data for part in self.parts])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def byte_parts(self) -> list[torch.Tensor]:
+        return [data for part in self.parts for data in part.byte_parts()]

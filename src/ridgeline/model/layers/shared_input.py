@@ -11,7 +11,7 @@ from torch import nn
 
 from ridgeline.model.layers.linear import make_linear
 from ridgeline.model.row_paths import RowPaths
-from ridgeline.model.weights import StoredTensor
+from ridgeline.model.weights import RowStack, StoredTensor
 
 
 class SharedInputLinear(nn.Module):
@@ -39,9 +39,7 @@ class SharedInputLinear(nn.Module):
 
 
 def _stack_rows(weights: list[StoredTensor]) -> StoredTensor:
-    # Stored rows are whole (quantised blocks run along the input dimension), so rows concatenate byte-wise.
-    rows = sum(w.shape[0] for w in weights)
-    return StoredTensor(weights[0].qtype, (rows, *weights[0].shape[1:]), torch.cat([w.data for w in weights]))
+    return weights[0] if len(weights) == 1 else RowStack(weights)
 
 
 def _stack_biases(weights: list[StoredTensor], biases: list[StoredTensor | None]) -> StoredTensor | None:

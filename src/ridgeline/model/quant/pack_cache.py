@@ -35,7 +35,8 @@ _PLANES = ("quants", "high", "d", "dmin", "sc", "m")
 
 def entry_path(weight: StoredTensor, kind: str = "packed") -> Path:
     digest = hashlib.sha256(f"{PACK_LAYOUT}|{weight.qtype.name}|{weight.shape}|".encode())
-    digest.update(memoryview(weight.data.contiguous().numpy()).cast("B"))
+    for part in weight.byte_parts():  # in order: the digest of their concatenation, without making it
+        digest.update(memoryview(part.contiguous().numpy()).cast("B"))
     return native.CACHE_DIR / kind / f"{digest.hexdigest()[:40]}.{'pack' if kind == 'packed' else 'npy'}"
 
 
