@@ -210,10 +210,10 @@ def test_a_prefill_worker_lost_while_the_request_waits_for_room_fails_it_at_once
         assert_no_pages_leaked(decode.url)
 
 
-def test_the_decode_worker_gets_the_prompt_as_the_prefill_workers_token_ids(monkeypatch):
+def test_the_decode_worker_tokenises_nothing_for_a_remote_prefill(monkeypatch):
     """Tokenising a long prompt is pure Python with the GIL held: on a decode worker it stalls every stream there.
-    The front hands the decode worker the ids the prefill worker computed (from its manifest), so text is
-    tokenised there once, for the prefix-cache lookup, not again for the request."""
+    The front asks the prefill worker to tokenise the prompt for the prefix-cache lookup, and hands the decode
+    worker the ids the prefill worker computed (from its manifest) for the request itself."""
     engine = tiny_engine()
     texts = []
     encode = engine.tokenizer.encode
@@ -224,7 +224,7 @@ def test_the_decode_worker_gets_the_prompt_as_the_prefill_workers_token_ids(monk
                 assert completion_text(proxy.url, PROMPTS[2], stream=False) == \
                     completion_text(colocated.url, PROMPTS[2], stream=False)
             assert metric(decode.url, "ridgeline_kv_transfer_pages_received_total") > 0  # it did go remote
-    assert texts == [PROMPTS[2]]  # the lookup's; the request itself came as ids
+    assert texts == []  # the lookup came as ids from the prefill worker's /tokenize, the request as the manifest's
 
 
 def test_a_client_gone_between_prefill_and_decode_releases_the_pages(cluster):
