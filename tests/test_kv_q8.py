@@ -254,8 +254,9 @@ def test_prepare_attention_quantises_as_kv_slots_does_bit_for_bit(sides):
     tokens, heads, kv_heads, dim = 6, 4, 2, 64
     projected = block_scaled((tokens, (heads + 2 * kv_heads) * dim), generator)
     projected[1, heads * dim:heads * dim + 32] = 0  # an all-zero block of K
-    projected[2, (heads + kv_heads) * dim:(heads + kv_heads) * dim + 32] *= 1e-3  # a V block with a subnormal fp16 scale
-    projected[3, (heads + kv_heads) * dim + 64:(heads + kv_heads) * dim + 96] *= 1e-9  # one whose scale is 0
+    v_start = (heads + kv_heads) * dim
+    projected[2, v_start:v_start + 32] *= 1e-3  # a V block with a subnormal fp16 scale
+    projected[3, v_start + 64:v_start + 96] *= 1e-9  # one whose scale rounds to 0
     q, k, v = projected.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=1)
     cos, sin = torch.ones(tokens, dim), torch.zeros(tokens, dim)
     slots = torch.tensor([9, 2, 30, 17, 0, 5])
