@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from compiled_kernels import needs_compiled
 from server_helpers import serve_tiny_model, tiny_model_path
 from tiny_models import build_hf_model, save_tokenizer
 
@@ -21,8 +22,9 @@ from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.model.attention_batch import AttentionBatch, ForwardChunk
 from ridgeline.model.config import ModelConfig
-from ridgeline.model.layers.attention_kernel import paged_attention
-from ridgeline.model.layers.kv_slots import Q8Slots, dequantize_q8_0, quantize_q8_0, write_slots
+from ridgeline.model.layers.attention_kernel import paged_attention, paged_attention_reference
+from ridgeline.model.layers.kv_slots import Q8Slots, dequantize_q8_0, kernel_pages, quantize_q8_0, write_slots
+from ridgeline.model.native import NO_TENSOR, compiled
 
 # Gemma 3 270M's attention shape (the default model): 18 layers, 1 KV head of 256, 5 of 6 layers sliding.
 GEMMA3_270M = ModelConfig("gemma3", 262144, 640, 2048, 18, 4, 1, 256, 32768, 1e-6, 1e6, rope_local_theta=1e4,
@@ -163,3 +165,116 @@ def test_greedy_tokens_through_the_server_with_q8_kv():
             got = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
                                             extra_body={"ignore_eos": True}).choices[0]
             assert got.text == want.text and len(got.logprobs.tokens) == len(want.output_token_ids) == 12
+
+
+# ---- the compiled kernels read and write Q8_0 pages in place (csrc/kv_pages.h)
+
+def block_scaled(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Values whose 32-value blocks differ in magnitude (0.1x to 3x), so a block read with another block's scale
+    changes the result; small enough that softmax is not saturated."""
+    x = torch.randn(shape, generator=generator)
+    blocks = x.view(*shape[:-1], -1, 32)
+    return (blocks * 10 ** torch.empty(*blocks.shape[:-1], 1).uniform_(-1, 0.5, generator=generator)).view(shape)
+
+
+BLOCK, PAGES = 4, 32
+SHAPES = [(37, 1), (0, 11), (9, 14), (0, 1)]  # decode deep in, prefill from 0, continued chunk, one-token prompt
+
+
+def mixed_caches(k_type: str, v_type: str, heads=4, kv_heads=1, head_dim=256, window=None, seed=0):
+    """A ragged batch on shuffled pages whose K and V sides are each 'q8_0' or a torch float dtype's name; also
+    each side as the fp32 values the kernel must read from it (Q8_0 through kv_slots' dequantiser)."""
+    generator = torch.Generator().manual_seed(seed)
+    free = torch.randperm(PAGES, generator=generator).tolist()
+    chunks = []
+    for start, length in SHAPES:
+        count = -(-(start + length) // BLOCK)
+        chunks.append(ForwardChunk([0] * length, start, [free[:count]]))
+        free = free[count:]
+    batch = AttentionBatch.build(chunks, BLOCK, [window], torch.device("cpu"))
+    q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
+    sides, read_as = [], []
+    for kind in (k_type, v_type):
+        x = block_scaled((PAGES * BLOCK, kv_heads, head_dim), generator)
+        cache = q8_cache_of(x) if kind == "q8_0" else x.to(getattr(torch, kind))
+        sides.append(cache)
+        read_as.append(cache.read(torch.arange(x.shape[0]), torch.float32) if kind == "q8_0" else cache.float())
+    return chunks, batch, q, sides, read_as
+
+
+@needs_compiled
+@pytest.mark.parametrize("k_type,v_type", [("q8_0", "q8_0"), ("q8_0", "bfloat16"), ("bfloat16", "q8_0"),
+                                           ("q8_0", "float16"), ("float32", "q8_0")])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 256), (8, 2, 64), (6, 2, 128)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_kernel_reads_q8_pages_as_their_dequantised_values(k_type, v_type, heads, kv_heads, head_dim, window):
+    """The compiled kernel on Q8_0 pages (either side or both) gives, bit for bit, what it gives on float pages
+    holding the dequantised values (its int8 x fp16 products are exact), and matches the torch path."""
+    _, batch, q, (k_cache, v_cache), (k_read, v_read) = mixed_caches(k_type, v_type, heads, kv_heads, head_dim, window)
+    scale = head_dim**-0.5
+    out = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], scale)
+    assert torch.equal(out, paged_attention(q, k_read, v_read, batch, batch.groups[0], scale))
+    expected = paged_attention_reference(q, k_cache, v_cache, batch, batch.groups[0], scale)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiled
+def test_the_kernel_on_q8_pages_with_sinks_matches_torch():
+    _, batch, q, (k_cache, v_cache), _ = mixed_caches("q8_0", "q8_0", 8, 2, 64, window=6, seed=2)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)) * 2
+    out = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.125, sinks)
+    expected = paged_attention_reference(q, k_cache, v_cache, batch, batch.groups[0], 0.125, sinks)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_compiled
+@pytest.mark.parametrize("k_type,v_type", [("q8_0", "q8_0"), ("bfloat16", "q8_0")])
+@pytest.mark.parametrize("window", [None, 6])
+def test_a_rows_bits_on_q8_pages_do_not_depend_on_its_batch_or_chunk(k_type, v_type, window):
+    """Each row of a ragged batch over Q8_0 pages equals, bit for bit, the same row computed alone."""
+    chunks, batch, q, (k_cache, v_cache), _ = mixed_caches(k_type, v_type, window=window, seed=4)
+    together = paged_attention(q, k_cache, v_cache, batch, batch.groups[0], 0.0625)
+    row = 0
+    for chunk in chunks:
+        for position in range(chunk.start, chunk.start + len(chunk.token_ids)):
+            alone_batch = AttentionBatch.build([ForwardChunk([0], position, chunk.block_tables)], BLOCK, [window],
+                                               torch.device("cpu"))
+            alone = paged_attention(q[row:row + 1], k_cache, v_cache, alone_batch, alone_batch.groups[0], 0.0625)
+            assert torch.equal(alone[0], together[row]), f"row {row} (position {position}) changed bits"
+            row += 1
+
+
+@needs_compiled
+@pytest.mark.parametrize("sides", [("q8_0", "q8_0"), ("q8_0", "bf16"), ("bf16", "q8_0")])
+def test_prepare_attention_quantises_as_kv_slots_does_bit_for_bit(sides):
+    """The compiled cache write stores the int8 values and fp16 scales kv_slots.write_slots stores for the same
+    keys and values: a token's cache bits do not depend on which path wrote it. (RoPE at angle 0 keeps the keys
+    as they are, so both paths quantise the same floats.)"""
+    generator = torch.Generator().manual_seed(5)
+    tokens, heads, kv_heads, dim = 6, 4, 2, 64
+    projected = block_scaled((tokens, (heads + 2 * kv_heads) * dim), generator)
+    projected[1, heads * dim:heads * dim + 32] = 0  # an all-zero block of K
+    v_start = (heads + kv_heads) * dim
+    projected[2, v_start:v_start + 32] *= 1e-3  # a V block with a subnormal fp16 scale
+    projected[3, v_start + 64:v_start + 96] *= 1e-9  # one whose scale rounds to 0
+    q, k, v = projected.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=1)
+    cos, sin = torch.ones(tokens, dim), torch.zeros(tokens, dim)
+    slots = torch.tensor([9, 2, 30, 17, 0, 5])
+
+    def empty(kind):
+        if kind == "q8_0":
+            return Q8Slots(torch.zeros(32, kv_heads, dim, dtype=torch.int8),
+                           torch.zeros(32, kv_heads * dim // 32, dtype=torch.float16))
+        return torch.zeros(32, kv_heads, dim, dtype=torch.bfloat16)
+
+    by_kernel, by_torch = [empty(kind) for kind in sides], [empty(kind) for kind in sides]
+    compiled().prepare_attention(q, k, v, NO_TENSOR, NO_TENSOR, 0.0, cos, sin, *kernel_pages(by_kernel[0]),
+                                 *kernel_pages(by_kernel[1]), slots)
+    for cache, x in zip(by_torch, (k, v)):
+        write_slots(cache, slots, x.reshape(tokens, kv_heads, dim))
+    for written, expected in zip(by_kernel, by_torch):
+        for got, want in zip(kernel_pages(written), kernel_pages(expected)):
+            assert torch.equal(got, want)
+    if sides[1] == "q8_0":  # the small blocks were quantised, not skipped
+        assert 0 < by_kernel[1].scales[30, 0] < 6.1e-5 and by_kernel[1].values[30, 0, :32].abs().max() > 100
+        assert by_kernel[1].scales[17, 2] == 0 and not by_kernel[1].values[17, 1, :32].any()

@@ -39,7 +39,7 @@ def test_prepare_attention_matches_norm_rope_and_cache_writes(cache_dtype, qk_no
     k_cache, v_cache = torch.zeros(32, kv_heads, dim, dtype=cache_dtype), torch.zeros(32, kv_heads, dim, dtype=cache_dtype)
     slots = torch.tensor([3, 17, 4, 30, 0])
     norms = (q_weight, k_weight, 1e-6) if qk_norm else (NO_TENSOR, NO_TENSOR, 0.0)
-    queries = compiled().prepare_attention(q, k, v, *norms, cos, sin, k_cache, v_cache, slots)
+    queries = compiled().prepare_attention(q, k, v, *norms, cos, sin, k_cache, NO_TENSOR, v_cache, NO_TENSOR, slots)
 
     q_heads, k_heads = q.reshape(tokens, heads, dim), k.reshape(tokens, kv_heads, dim)
     if qk_norm:

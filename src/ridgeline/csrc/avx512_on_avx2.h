@@ -100,6 +100,7 @@ RL_BINARY_PS(sub, _mm256_sub_ps)
 RL_BINARY_PS(mul, _mm256_mul_ps)
 RL_BINARY_PS(div, _mm256_div_ps)
 RL_BINARY_PS(max, _mm256_max_ps)
+RL_BINARY_PS(min, _mm256_min_ps)
 RL_BINARY_PS(scalef, rl_avx2::scalef)
 #undef RL_BINARY_PS
 
@@ -231,6 +232,7 @@ inline __m256i rl_mm512_cvtepi32_epi16(rl_m512i a) {  // truncating: the low 16 
 #define _mm512_mul_ps rl_mm512_mul_ps
 #define _mm512_div_ps rl_mm512_div_ps
 #define _mm512_max_ps rl_mm512_max_ps
+#define _mm512_min_ps rl_mm512_min_ps
 #define _mm512_scalef_ps rl_mm512_scalef_ps
 #define _mm512_fmadd_ps rl_mm512_fmadd_ps
 #define _mm512_fnmadd_ps rl_mm512_fnmadd_ps

@@ -4,6 +4,7 @@
 // on how many rows share the call. All take and return contiguous float32 tensors.
 #include "kernels.h"
 #include "parallel.h"
+#include "kv_pages.h"
 #include "simd_math.h"
 
 #include "simd.h"
@@ -72,15 +73,21 @@ void rotate_half(const float* in, const float* cos, const float* sin, float* out
     }
 }
 
-// One head vector into the cache in the cache's dtype.
-void store_head(const float* values, void* cache, torch::ScalarType dtype, int64_t offset, int64_t dim) {
+// One head vector into one side of the cache, at element `offset` of its values, in the side's type: float
+// pages, or Q8_0 when the side has scales (quantised as kv_slots.quantize_q8_0 does, bit for bit).
+void store_head(const float* values, const torch::Tensor& cache, const torch::Tensor& scales, int64_t offset, int64_t dim) {
+    if (scales.numel()) {
+        ridgeline::kv::store_q8_0(values, cache.data_ptr<int8_t>() + offset, scales.data_ptr<c10::Half>() + offset / 32, dim);
+        return;
+    }
+    const auto dtype = cache.scalar_type();
     for (int64_t i = 0; i < dim; i += 16) {
         const __m512 v = _mm512_loadu_ps(values + i);
         if (dtype == torch::kFloat32) {
-            _mm512_storeu_ps(static_cast<float*>(cache) + offset + i, v);
+            _mm512_storeu_ps(cache.data_ptr<float>() + offset + i, v);
         } else {
             const __m256i half = dtype == torch::kBFloat16 ? ridgeline::to_bf16(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(cache) + offset + i), half);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(cache.data_ptr()) + offset + i), half);
         }
     }
 }
@@ -143,18 +150,18 @@ torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu) 
 // A layer's new tokens on their way into attention: QK-norm (when the weights are not empty) and RoPE for the
 // queries and keys, and the keys and values written to their cache slots. q, k, v are [tokens, heads * head_dim]
 // column slices of the projections' output (unit column stride); returns the queries as [tokens, heads, head_dim].
+// Each side of the cache is float pages (its scales empty) or Q8_0 pages with their scales (kv_pages.h).
 torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor q_norm,
                                 torch::Tensor k_norm, double eps, torch::Tensor cos, torch::Tensor sin,
-                                torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots) {
+                                torch::Tensor k_cache, torch::Tensor k_scales, torch::Tensor v_cache,
+                                torch::Tensor v_scales, torch::Tensor slots) {
     for (const auto* t : {&q, &k, &v}) {
         TORCH_CHECK(t->dim() == 2 && t->scalar_type() == torch::kFloat32 && t->device().is_cpu() && t->stride(1) == 1,
                     "prepare_attention: q, k, v must be [tokens, n] float32 CPU tensors with unit column stride");
     }
-    TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                    k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type() &&
-                    (k_cache.scalar_type() == torch::kFloat32 || k_cache.scalar_type() == torch::kBFloat16 ||
-                     k_cache.scalar_type() == torch::kHalf),
-                "prepare_attention: caches must be contiguous [slots, kv_heads, head_dim] fp32, bf16 or fp16 tensors");
+    ridgeline::kv::check_side(k_cache, k_scales, "prepare_attention: the K cache");
+    ridgeline::kv::check_side(v_cache, v_scales, "prepare_attention: the V cache");
+    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "prepare_attention: K and V caches must have one shape");
     const int64_t tokens = q.size(0), kv_heads = k_cache.size(1), dim = k_cache.size(2), num_slots = k_cache.size(0);
     const int64_t heads = q.size(1) / dim;
     TORCH_CHECK(dim % 32 == 0 && q.size(1) == heads * dim && k.size(1) == kv_heads * dim && v.size(1) == kv_heads * dim &&
@@ -169,7 +176,6 @@ torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
     for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "prepare_attention: slot out of range");
 
     auto out = torch::empty({tokens, heads, dim}, q.options().memory_format(c10::MemoryFormat::Contiguous));
-    const auto dtype = k_cache.scalar_type();
     parallel_chunks(tokens, grain_rows((heads + 2 * kv_heads) * dim), [&](int64_t first, int64_t last) {
         std::vector<float> scratch(dim), key(dim);
         for (int64_t t = first; t < last; ++t) {
@@ -187,8 +193,8 @@ torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
             }
             for (int64_t h = 0; h < kv_heads; ++h) {
                 rotated(k.data_ptr<float>() + t * k.stride(0) + h * dim, k_norm, key.data());
-                store_head(key.data(), k_cache.data_ptr(), dtype, (slot[t] * kv_heads + h) * dim, dim);
-                store_head(v.data_ptr<float>() + t * v.stride(0) + h * dim, v_cache.data_ptr(), dtype,
+                store_head(key.data(), k_cache, k_scales, (slot[t] * kv_heads + h) * dim, dim);
+                store_head(v.data_ptr<float>() + t * v.stride(0) + h * dim, v_cache, v_scales,
                            (slot[t] * kv_heads + h) * dim, dim);
             }
         }

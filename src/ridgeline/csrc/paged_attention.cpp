@@ -3,17 +3,20 @@
 // Row r attends keys [key_begin[r], key_end[r]) of sequence row_seq[r]; key position p lives in slot
 // block_tables[seq][p / block_size] * block_size + p % block_size of the layer's [slots, kv_heads, head_dim]
 // cache. A causal mask is key_end = position + 1, a sliding window raises key_begin: no mask tensors, no
-// gathered copies of K and V, and keys are read straight from the cache in its own dtype (bf16, fp16 or fp32).
+// gathered copies of K and V, and keys are read straight from the cache in its own type: bf16, fp16 or fp32
+// pages, or Q8_0 pages dequantised in registers 32 values at a time (kv_pages.h), K and V each in its own type.
 //
 // Why one row at a time: a request's tokens must not depend on how it was batched or chunked. Every row runs
 // the same operations in the same order whatever else is in the call (its scores key by key, a softmax over
 // exactly its keys, its values key by key), so a row computed as a decode, inside a prefill chunk of any size,
 // or next to other sequences gives the same bits. Work items are (row, KV head, bundle of the query heads
 // sharing it); the bundle only decides which heads share a pass over the keys, never a head's arithmetic.
+// Reading Q8_0 keeps this: a key's values are dequantised the same way whichever row reads them.
 //
 // Attention sinks (gpt-oss): a learned logit per query head that joins the softmax's denominator (and its max)
 // but has no value, so a head can put weight "nowhere". Without sinks the kernel takes an empty tensor.
 #include "kernels.h"
+#include "kv_pages.h"
 #include "parallel.h"
 #include "simd_math.h"
 
@@ -29,23 +32,7 @@ using ridgeline::exp16;
 
 constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (accumulators stay in registers)
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-struct BFloat16 { uint16_t bits; };  // the cache's 16-bit element types, told apart by type
-struct Half { uint16_t bits; };
-
-inline __m512 load16(const Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-
-inline __m512 load16(const BFloat16* p) {  // bf16 is the upper half of a float
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 constexpr int64_t kPrefetchAhead = 4;  // keys
-
-inline void prefetch_row(const void* row, int64_t bytes) {
-    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(row) + line, _MM_HINT_T0);
-}
 
 struct Item {
     const float* q;       // [B, D]: the bundle's query heads
@@ -55,22 +42,25 @@ struct Item {
     const float* sinks;   // [B]: the bundle's sink logits, or nullptr
 };
 
-// Softmax(q k^T * scale) v for B query heads sharing one KV head. `scores` is [B, n] scratch.
-template <int B, typename KV>
-void attend(const Item& item, const KV* k_cache, const KV* v_cache, int64_t head_dim, float scale, float* scores) {
+// Softmax(q k^T * scale) v for B query heads sharing one KV head. `scores` is [B, n] scratch. K and V are
+// kv_pages.h's FloatPages<T> or Q8Pages: each hands over 32 values of a head vector as floats, so the arithmetic
+// below is the same whatever the pages hold.
+template <int B, typename K, typename V>
+void attend(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores) {
     const int64_t n = item.n;
-    const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(KV));
     for (int64_t i = 0; i < n; ++i) {
         // The cache is cold (a step streams the weights through every cache level), and pages are scattered:
         // fetch the keys a few ahead, and this key's values for the last pass, while the dot products run.
-        if (i + kPrefetchAhead < n) prefetch_row(k_cache + item.keys[i + kPrefetchAhead], row_bytes);
-        prefetch_row(v_cache + item.keys[i], row_bytes);
-        const KV* key = k_cache + item.keys[i];
+        if (i + kPrefetchAhead < n) k_cache.prefetch_head(item.keys[i + kPrefetchAhead], head_dim);
+        v_cache.prefetch_head(item.keys[i], head_dim);
+        const int64_t key = item.keys[i];
         __m512 acc[B];
         for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < head_dim; c += 16) {
-            const __m512 k = load16(key + c);
-            for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c), k, acc[b]);
+        for (int64_t c = 0; c < head_dim; c += 32) {  // each head's sum runs over c in order, 16 lanes at a time
+            __m512 k0, k1;
+            k_cache.load32(key + c, k0, k1);
+            for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c), k0, acc[b]);
+            for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c + 16), k1, acc[b]);
         }
         for (int b = 0; b < B; ++b) scores[b * n + i] = _mm512_reduce_add_ps(acc[b]) * scale;
     }
@@ -97,12 +87,12 @@ void attend(const Item& item, const KV* k_cache, const KV* v_cache, int64_t head
         }
         inverse_sum[b] = 1.0f / total;
     }
-    for (int64_t c = 0; c < head_dim; c += 32) {  // 32 values: one 64-byte line of bf16 per key
+    for (int64_t c = 0; c < head_dim; c += 32) {  // 32 values: one 64-byte line of bf16, one Q8_0 block per key
         __m512 lo[B], hi[B];
         for (int b = 0; b < B; ++b) lo[b] = hi[b] = _mm512_setzero_ps();
         for (int64_t i = 0; i < n; ++i) {
-            const KV* value = v_cache + item.keys[i] + c;
-            const __m512 v0 = load16(value), v1 = load16(value + 16);
+            __m512 v0, v1;
+            v_cache.load32(item.keys[i] + c, v0, v1);
             for (int b = 0; b < B; ++b) {
                 const __m512 w = _mm512_set1_ps(scores[b * n + i]);
                 lo[b] = _mm512_fmadd_ps(w, v0, lo[b]);
@@ -149,16 +139,15 @@ int bundle_size(int64_t groups, int64_t units) {
 
 namespace ridgeline {
 
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
-                              torch::Tensor row_seq, torch::Tensor key_begin, torch::Tensor key_end,
-                              int64_t block_size, double scale, torch::Tensor sinks) {
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor k_scales, torch::Tensor v_cache,
+                              torch::Tensor v_scales, torch::Tensor block_tables, torch::Tensor row_seq,
+                              torch::Tensor key_begin, torch::Tensor key_end, int64_t block_size, double scale,
+                              torch::Tensor sinks) {
     TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous() && q.device().is_cpu(),
                 "paged_attention: q must be a contiguous [rows, heads, head_dim] float32 CPU tensor");
-    TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
-                    v_cache.is_contiguous() && k_cache.scalar_type() == v_cache.scalar_type() &&
-                    (k_cache.scalar_type() == torch::kBFloat16 || k_cache.scalar_type() == torch::kHalf ||
-                     k_cache.scalar_type() == torch::kFloat32),
-                "paged_attention: K and V caches must be contiguous [slots, kv_heads, head_dim] bf16, fp16 or fp32 tensors");
+    kv::check_side(k_cache, k_scales, "paged_attention: the K cache");
+    kv::check_side(v_cache, v_scales, "paged_attention: the V cache");
+    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "paged_attention: K and V caches must have one shape");
     for (const auto* t : {&block_tables, &row_seq, &key_begin, &key_end}) {
         TORCH_CHECK(t->scalar_type() == torch::kInt32 && t->is_contiguous(), "paged_attention: indices must be contiguous int32");
     }
@@ -198,7 +187,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     float* out_data = out.data_ptr<float>();
     const float softmax_scale = static_cast<float>(scale);
 
-    auto run = [&](auto* k_data, auto* v_data) {
+    auto run = [&](const auto& k_pages, const auto& v_pages) {
         with_bundle(bundle, [&](auto b_const) {
             constexpr int B = decltype(b_const)::value;
             parallel_chunks(items, 1, [&](int64_t first, int64_t last) {
@@ -217,18 +206,14 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                     }
                     const Item item{q_data + (r * heads + head) * head_dim, out_data + (r * heads + head) * head_dim,
                                     keys.data(), n, sink_data ? sink_data + head : nullptr};
-                    attend<B>(item, k_data, v_data, head_dim, softmax_scale, scores.data());
+                    attend<B>(item, k_pages, v_pages, head_dim, softmax_scale, scores.data());
                 }
             });
         });
     };
-    if (k_cache.scalar_type() == torch::kBFloat16) {
-        run(static_cast<const BFloat16*>(k_cache.data_ptr()), static_cast<const BFloat16*>(v_cache.data_ptr()));
-    } else if (k_cache.scalar_type() == torch::kHalf) {
-        run(static_cast<const Half*>(k_cache.data_ptr()), static_cast<const Half*>(v_cache.data_ptr()));
-    } else {
-        run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
-    }
+    kv::with_pages(k_cache, k_scales, [&](const auto& k_pages) {
+        kv::with_pages(v_cache, v_scales, [&](const auto& v_pages) { run(k_pages, v_pages); });
+    });
     return out;
 }
 

@@ -5,7 +5,7 @@ from torch import nn
 
 from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.layers.attention_kernel import paged_attention
-from ridgeline.model.layers.kv_slots import KVSlots, float_pages, write_slots
+from ridgeline.model.layers.kv_slots import KVSlots, kernel_pages, write_slots
 from ridgeline.model.layers.norm import RMSNorm
 from ridgeline.model.layers.rope import apply_rope
 from ridgeline.model.layers.shared_input import SharedInputLinear
@@ -31,11 +31,13 @@ class PagedAttention(nn.Module):
         q, k, v = self.qkv(x, paths)
         k_cache, v_cache = cache
         view = batch.groups[self.group]
-        if float_pages(k_cache, v_cache) and self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
-            # QK-norm, RoPE and the cache writes in one call: a dozen torch calls per layer otherwise
+        if self.head_dim % 32 == 0 and on_compiled_path(q, multiple=1):
+            # QK-norm, RoPE and the cache writes (Q8_0 quantised there too) in one call: a dozen torch calls per
+            # layer otherwise, two dozen with Q8_0
             norms = (NO_TENSOR, NO_TENSOR, 0.0) if self.q_norm is None else (
                 self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-            q = compiled().prepare_attention(q, k, v, *norms, *rope, k_cache, v_cache, view.slot_mapping)
+            q = compiled().prepare_attention(q, k, v, *norms, *rope, *kernel_pages(k_cache), *kernel_pages(v_cache),
+                                             view.slot_mapping)
         else:
             q = self._prepare(q, k, v, rope, k_cache, v_cache, view.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch, view, self.scale, self.sinks)

@@ -9,16 +9,16 @@ Attention sinks (gpt-oss): one learned logit per query head joins each row's sof
 so softmax(scores ++ [sink])[:-1] weighs the values. SDPA has no such term; with sinks the torch path computes
 the softmax itself.
 
-A Q8_0 cache (model/layers/kv_slots.py) takes the torch path: the compiled kernel reads float pages, and it is
-being reworked (the lead's AVX2 kernels), so it learns Q8_0 there. The torch path dequantises only the slots each
-chunk gathers, never the whole cache.
+A Q8_0 cache (model/layers/kv_slots.py), on either side or both, takes the kernel too: it reads the int8 values
+and fp16 scales in place and dequantises them in registers (csrc/kv_pages.h), so no float copy of the pages is
+made. The torch path dequantises only the slots each chunk gathers, never the whole cache.
 """
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from ridgeline.model.attention_batch import AttentionBatch, GroupView
-from ridgeline.model.layers.kv_slots import KVSlots, float_pages, read_slots
+from ridgeline.model.layers.kv_slots import KVSlots, kernel_pages, read_slots
 from ridgeline.model.native import NO_TENSOR, compiled
 
 
@@ -26,10 +26,11 @@ def paged_attention(q: torch.Tensor, k_cache: KVSlots, v_cache: KVSlots, batch: 
                     group: GroupView, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, heads, head_dim]; caches [slots, kv_heads, head_dim]; sinks None or [heads] fp32
     -> [T, heads, head_dim] in q's dtype."""
-    module = compiled() if float_pages(k_cache, v_cache) and q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
+    module = compiled() if q.device.type == "cpu" and q.shape[-1] % 32 == 0 else None
     if module is None:
         return paged_attention_reference(q, k_cache, v_cache, batch, group, scale, sinks)
-    out = module.paged_attention(q.float().contiguous(), k_cache, v_cache, group.block_tables, batch.row_seq,
+    out = module.paged_attention(q.float().contiguous(), *kernel_pages(k_cache), *kernel_pages(v_cache),
+                                 group.block_tables, batch.row_seq,
                                  group.key_begin, batch.key_end, batch.block_size, scale,
                                  NO_TENSOR if sinks is None else sinks)
     return out.to(q.dtype)

@@ -2,11 +2,14 @@
 
 Q8_0 (llama.cpp's 8-bit block) keeps each token's row of kv_heads x head_dim values as int8, with one fp16 scale
 per 32 consecutive values (a block never straddles two heads once head_dim is a multiple of 32). A token is
-quantised once, when its K and V are written; a read dequantises only the slots it gathers (the pages one chunk
+quantised once, when its K and V are written; the compiled attention kernel reads the int8 values and scales in
+place and dequantises in registers, and the torch path dequantises only the slots it gathers (the pages one chunk
 attends), so the cache itself stays int8 + scales: 1.0625 bytes per value against bf16's 2.
 """
 
 import torch
+
+from ridgeline.model.native import NO_TENSOR
 
 Q8_BLOCK = 32
 
@@ -62,7 +65,7 @@ def read_slots(cache: KVSlots, slots: torch.Tensor, dtype: torch.dtype) -> torch
     return cache.read(slots, dtype) if isinstance(cache, Q8Slots) else cache[slots].to(dtype)
 
 
-def float_pages(k_cache: KVSlots, v_cache: KVSlots) -> bool:
-    """Whether the compiled kernels can take these caches: they read and write float pages of one type for K and V
-    (a Q8_0 side, or K and V of two types, takes the torch path until the kernels learn them)."""
-    return isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor) and k_cache.dtype == v_cache.dtype
+def kernel_pages(cache: KVSlots) -> tuple[torch.Tensor, torch.Tensor]:
+    """One side of the cache as the compiled kernels take it (csrc/kv_pages.h): float pages and an empty tensor,
+    or the int8 values and their fp16 scales. They read Q8_0 in place, dequantising in registers."""
+    return (cache.values, cache.scales) if isinstance(cache, Q8Slots) else (cache, NO_TENSOR)
