@@ -159,6 +159,10 @@ def disaggregated(model: list[str], args: argparse.Namespace) -> dict:
         # The decode engine's own ITL (its step outputs' gaps, the dashboard's 60 s window): what the client sees
         # less the relay through the proxy and the client's own scheduling.
         result["decode_engine_latency"] = httpx.get(f"{decode_url}/dashboard/state", timeout=60).json()["latency"]
+        # Its last steps (end time and forward-pass seconds each), kept beside the logs: a gap between two steps'
+        # ends longer than the second's forward pass is time the engine thread spent elsewhere.
+        steps = httpx.get(f"{decode_url}/v1/steps", timeout=60).json()["data"]
+        (LOG_DIR / "decode-steps.json").write_text(json.dumps(steps))
         return result
     finally:
         for process in (proxy, prefill, decode):
