@@ -18,6 +18,7 @@ the target only moves latency between prompts and streams.
 No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
 """
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
@@ -34,10 +35,13 @@ StepChunk = tuple[int, int, bool]  # (start, num_tokens, samples): what a step-c
 @dataclass(frozen=True)
 class ItlTarget:
     """How long a step that carries decodes may take: the inter-token latency its streams see."""
-    seconds: float | None = None  # a fixed target; None: decode_multiple x the predicted step of the decodes alone
-    # The default follows the machine and the batch: prefill may stretch a decode step to 2.5x what the decodes
-    # alone take, so a stream's worst gap stays within ~2.5x its usual one (the issue asks p99 <= 3x p50) while
-    # prompts get (2.5 - 1) / 2.5 = 60 % of every step's time.
+    seconds: float | None = None  # a fixed target; None: decode_multiple x a predicted decode-only step (below)
+    # The default follows the machine and the load: a step may take 2.5x the predicted time of a decode-only step
+    # of the batch the queue heads to (the decodes running now and the prompts being prefilled or waiting, up to
+    # max_num_seqs). Once those prompts are in, that decode step is a stream's usual gap, so its worst one stays
+    # within ~2.5x of it (issue 16 asks p99 <= 3x p50). Pricing against the decodes running now instead would,
+    # in a burst, hold prefill to a trickle while few streams run, the time most prompts wait: more steps, each
+    # paying the fixed cost of a step, for gaps the full batch brings anyway.
     decode_multiple: float = 2.5
 
     def __post_init__(self) -> None:
@@ -50,7 +54,7 @@ class ItlTarget:
     def describe(self) -> str:
         if self.seconds is not None:
             return f"ITL target {self.seconds * 1e3:g} ms"
-        return f"ITL target {self.decode_multiple:g}x the measured decode step"
+        return f"ITL target {self.decode_multiple:g}x the measured decode step of the batch to come"
 
 
 @dataclass(frozen=True)
@@ -322,10 +326,16 @@ class Scheduler:
         keep their pace while the first steps teach the estimate."""
         target, least = self.config.itl_target, min(self.min_prefill_tokens, budget)
         base = [(chunk.start, chunk.num_tokens, chunk.samples) for chunk in decode_chunks]
-        decode_s = self.step_cost(base)
-        if decode_s is None:
+        if self.step_cost(base) is None:
             return StepBudget(least, None, None)
-        limit_s = target.seconds if target.seconds is not None else target.decode_multiple * decode_s
+        if target.seconds is not None:
+            limit_s = target.seconds
+        else:
+            # The decodes of the batch the queue is heading to: those running now and, up to max_num_seqs, the
+            # prompts being prefilled or waiting, each a row at its prompt's end once it decodes.
+            room = self.config.max_num_seqs - len(decode_chunks)
+            coming = [(seq.num_tokens, 1, True) for seq in itertools.islice(itertools.chain(prefills, self.waiting), room)]
+            limit_s = target.decode_multiple * self.step_cost(base + coming)
         # The prefill priced as one chunk from where the next prompt stands (a running one's, or the queue's head's).
         start = prefills[0].num_computed_tokens if prefills else 0
 
