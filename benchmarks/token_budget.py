@@ -11,7 +11,9 @@ requests before the burst:
                measured as the engine runs), --max-num-batched-tokens 2048 for steps without decodes;
   fixed-B:     --itl-target-ms 0 --max-num-batched-tokens B (every step fills B tokens, as before issue 16).
 Reported per setting: output tok/s, TTFT p50/p99, ITL p50/p99 and p99/p50, and from the server's /v1/steps what
-the budget did (steps, mixed steps, the median prefill limit and ITL target beside decodes).
+the budget did (steps, mixed steps, the largest prefill beside decodes, the median prefill limit and ITL target).
+The settings run in turn --repeats times (round-robin, so a neighbour's load on a shared machine falls on all
+of them alike); the table gives each figure's median over the repeats, the JSON every run.
 Targets (issue 16): with the ITL target, p99 ITL <= 3x its median and output tok/s >= fixed-2048's.
 """
 
@@ -50,6 +52,15 @@ def budget_summary(steps: list[dict]) -> dict:
     }
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Each figure's median over the runs of one setting."""
+    figures = ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_p99_over_p50")
+    budget = ("mixed_steps", "max_prefill_tokens_beside_decodes")
+    return ({key: statistics.median(r[key] for r in runs) for key in figures}
+            | {"budget": {key: statistics.median(r["budget"][key] for r in runs) for key in budget}}
+            | {"failed": sum(r["failed"] for r in runs)})
+
+
 def run_setting(serve_args: list[str], args: argparse.Namespace) -> dict:
     common = ["--threads", str(args.threads), "--kv-cache-memory", args.kv_cache_memory]
     with ridgeline_server(*common, *serve_args) as (url, _):
@@ -80,14 +91,18 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--kv-cache-memory", default="2GiB")
     parser.add_argument("--max-seconds", type=float, default=300)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each setting (round-robin)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
 
-    results = {}
-    for name, serve_args in settings([int(b) for b in args.budgets.split(",")]):
-        results[name] = run_setting(serve_args, args) | {"serve_args": serve_args}
-        r = results[name]
-        print(f"{name}: {r['output_tokens_per_s']:.0f} output tok/s, ITL p99/p50 {r['itl_p99_over_p50']:.2f}", flush=True)
+    runs: dict[str, list[dict]] = {}
+    for repeat in range(args.repeats):
+        for name, serve_args in settings([int(b) for b in args.budgets.split(",")]):
+            r = run_setting(serve_args, args) | {"serve_args": serve_args}
+            runs.setdefault(name, []).append(r)
+            print(f"run {repeat + 1} {name}: {r['output_tokens_per_s']:.0f} output tok/s, ITL p99/p50 "
+                  f"{r['itl_p99_over_p50']:.2f}", flush=True)
+    results = {name: median_run(rs) for name, rs in runs.items()}
     reference = results.get(f"fixed-{FULL_BUDGET}")
     verdict = None
     if "itl-target" in results and reference is not None:
@@ -95,21 +110,21 @@ def main() -> None:
         verdict = {"p99_over_p50_within_3x": ours["itl_p99_over_p50"] <= TARGET_P99_OVER_P50,
                    "output_tok_s_at_least_fixed_2048": ours["output_tokens_per_s"] >= reference["output_tokens_per_s"]}
     print(f"\n{args.num_prompts} requests x ({args.input_len} prompt words / {args.output_len} output tokens) at once, "
-          f"--threads {args.threads}")
+          f"--threads {args.threads}; median of {args.repeats} runs each")
     print(f"{'setting':12} {'out tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'p99/p50':>8}"
           f" {'mixed steps':>11} {'max prefill beside decodes':>27}")
     for name, r in results.items():
         b = r["budget"]
         print(f"{name:12} {r['output_tokens_per_s']:9.1f} {r['ttft_p50_ms'] / 1e3:8.2f}s {r['ttft_p99_ms'] / 1e3:8.2f}s "
-              f"{r['itl_p50_ms']:6.0f}ms {r['itl_p99_ms']:6.0f}ms {r['itl_p99_over_p50']:7.2f}x {b['mixed_steps']:11d} "
-              f"{b['max_prefill_tokens_beside_decodes']:27d}")
+              f"{r['itl_p50_ms']:6.0f}ms {r['itl_p99_ms']:6.0f}ms {r['itl_p99_over_p50']:7.2f}x {b['mixed_steps']:11.0f} "
+              f"{b['max_prefill_tokens_beside_decodes']:27.0f}")
     if verdict is not None:
         print(f"targets: p99 ITL <= {TARGET_P99_OVER_P50:.0f}x p50: {'met' if verdict['p99_over_p50_within_3x'] else 'missed'};"
               f" output tok/s >= fixed-{FULL_BUDGET}: {'met' if verdict['output_tok_s_at_least_fixed_2048'] else 'missed'}")
     if args.json:
         load = {key: getattr(args, key) for key in ("threads", "num_prompts", "input_len", "output_len", "kv_cache_memory")}
-        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "load": load, "results": results,
-                                         "verdict": verdict}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "load": load | {"repeats": args.repeats},
+                                         "median": results, "verdict": verdict, "runs": runs}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -82,3 +82,16 @@ def test_a_bad_itl_target_names_the_option(text):
 def test_engine_config_carries_the_target_to_the_scheduler():
     assert engine_config(None).scheduler.itl_target is None  # the offline default: the fixed budget
     assert engine_config(None, itl_target=ItlTarget(seconds=0.1)).scheduler.itl_target == ItlTarget(seconds=0.1)
+
+
+def test_decode_steps_of_one_batch_size_read_as_the_step_s_fixed_cost_not_as_rows():
+    # Steps of 1 and 2 rows cannot tell the fixed cost from the rows': the fit leans to the fixed cost, so a
+    # 32-row step is predicted below what it takes (and learnt from when it runs), never far above.
+    cost = OnlineStepCost()
+    cost.observe(chunks(0, 64), true_seconds(0, 64))
+    for step in range(8):
+        cost.observe(chunks(1 + step % 2, 0), true_seconds(1 + step % 2, 0) * (1.04 if step % 3 else 0.97))
+    assert cost.predict(chunks(32, 0)) <= 1.1 * true_seconds(32, 0)
+    cost.observe(chunks(32, 0), true_seconds(32, 0))
+    cost.observe(chunks(16, 0), true_seconds(16, 0))
+    assert cost.predict(chunks(24, 0)) == pytest.approx(true_seconds(24, 0), rel=0.1)

@@ -9,11 +9,17 @@ The estimate is the calibrated model's fit (non-negative least squares, relative
 
     seconds ~ c_step + c_decode * decode_rows + c_prompt * prompt_tokens
 
-c_step is what every step pays (Python, dispatch, the LM head's and the weights' fixed part), c_decode a decode
-row, c_prompt a prompt token. Attention's growth with context is left out: below a few thousand tokens the
+c_step is what every step pays (Python, dispatch, reading the weights), c_decode a decode row (its LM-head row
+included), c_prompt a prompt token. Attention's growth with context is left out: below a few thousand tokens the
 matmuls dominate a row, and the fit, over a window of recent steps, follows a drift in the mix anyway. Steps
 with prompt tokens and steps without are kept in windows of their own, so a long run of decode-only steps never
-pushes the last prefill measurements out (c_prompt would then be unknown, and read as free).
+pushes the last prefill measurements out (c_prompt would then be unknown, and read as free). Within a window
+newer steps weigh more (the first steps of a process pay one-time costs; a shared machine's speed drifts).
+
+Early on, decode steps of one or two rows cannot tell c_step from c_decode, and a fit that put it all on the
+rows would predict a 32-row step 16x a 2-row one. A slight pull of c_decode toward zero settles that toward
+the step's fixed cost: it under-predicts a larger batch, whose first step then teaches the fit, rather than
+over-predicting it (which would let an ITL target grant a stall).
 """
 
 from collections import deque
@@ -24,6 +30,9 @@ import numpy as np
 StepChunk = tuple[int, int, bool]  # (start, num_tokens, samples): one sequence's share of a step
 
 WINDOW = 32  # steps kept of each kind (with prompt tokens, without)
+RECENCY = 0.9  # a step's weight against the next newer one of its kind (half-weight ~7 steps back)
+DECODE_PULL = 0.3  # how hard c_decode is pulled to zero (against the heaviest step, weighing 1): enough to settle
+# two batch sizes a few percent apart in time, too little to bend a fit over steps of 1 to 32 rows
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -93,8 +102,14 @@ class OnlineStepCost:
             if self._with_prompt and any(decode_rows for decode_rows, _, _ in rows) and len(rows) >= 3:
                 x = np.array([[1.0, decode_rows, prompt_tokens] for decode_rows, prompt_tokens, _ in rows])
                 y = np.array([seconds for _, _, seconds in rows])
-                # Relative error, as the calibrated fit weighs it: a 30 ms decode step counts as much as a 1 s prefill.
-                self._coefficients = tuple(float(c) for c in nonnegative_least_squares(x / y[:, None], np.ones_like(y)))
+                ages = [*range(len(self._with_prompt) - 1, -1, -1), *range(len(self._without_prompt) - 1, -1, -1)]
+                # Relative error, as the calibrated fit weighs it (a 30 ms decode step counts as much as a 1 s
+                # prefill), times the step's recency.
+                weight = np.power(RECENCY, ages) / y
+                a, b = x * weight[:, None], weight * y
+                pull = np.array([[0.0, DECODE_PULL * np.abs(a[:, 1]).max(), 0.0]])
+                coefficients = nonnegative_least_squares(np.vstack([a, pull]), np.append(b, 0.0))
+                self._coefficients = tuple(float(c) for c in coefficients)
         return self._coefficients
 
     def predict(self, chunks: Iterable[StepChunk]) -> float | None:
