@@ -7,8 +7,9 @@ The load is issue 16's burst: --num-prompts requests of --input-len words (about
 output tokens, all sent at once (concurrency = --num-prompts), as `ridgeline bench serve` sends them (its library
 does the sending and the figures). Each setting gets a fresh server (benchmarks/served.py) and two short warm-up
 requests before the burst:
-  itl-target:  --itl-target-ms auto (the default: a step with decodes may take 2.5x what the decodes alone take,
-               measured as the engine runs), --max-num-batched-tokens 2048 for steps without decodes;
+  itl-target:  --itl-target-ms auto (the default: a step with decodes may take 2x what a decode-only step of the
+               running and waiting requests takes, measured as the engine runs), --max-num-batched-tokens 2048
+               for steps without decodes;
   fixed-B:     --itl-target-ms 0 --max-num-batched-tokens B (every step fills B tokens, as before issue 16).
 Reported per setting: output tok/s, TTFT p50/p99, ITL p50/p99 and p99/p50, and from the server's /v1/steps what
 the budget did (steps, mixed steps, the largest prefill beside decodes, the median prefill limit and ITL target).
