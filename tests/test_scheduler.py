@@ -491,7 +491,9 @@ def test_fork_shares_each_groups_pages_but_only_the_window_of_a_sliding_group() 
 
 
 def itl_scheduler(target: ItlTarget, step_cost=None, **config) -> tuple[Scheduler, PagedFakeModel]:
-    """Four streams decoding (after one step prefills their prompts) and a 400-token prompt waiting."""
+    """Four streams decoding (after one step prefills their prompts) and a 400-token prompt waiting. The token
+    budget is 256, so the least prefill beside decodes is one 16-token page (a sixteenth of the budget)."""
+    config.setdefault("max_num_batched_tokens", 256)
     scheduler = make_scheduler(itl_target=target, step_cost=step_cost or linear_cost(), **config)
     model = PagedFakeModel(256, 16)
     for i in range(4):
@@ -541,12 +543,20 @@ def test_without_decodes_prefill_takes_the_whole_budget() -> None:
     assert output.num_batched_tokens == 300 and output.budget is None
 
 
-def test_the_prefill_beside_decodes_never_drops_below_one_page() -> None:
-    # A target the decodes alone already miss: the prompt still advances a page a step.
-    scheduler, model = itl_scheduler(ItlTarget(seconds=0.001), block_size=16)
+@pytest.mark.parametrize("budget,least", [(256, 16), (1024, 64), (2048, 128)])
+def test_the_prefill_beside_decodes_never_drops_below_a_sixteenth_of_the_budget_or_a_page(budget, least) -> None:
+    # A target the decodes alone already miss: the prompt still advances every step.
+    scheduler, model = itl_scheduler(ItlTarget(seconds=0.001), block_size=16, max_num_batched_tokens=budget)
     for _ in range(3):
         output, _ = step(scheduler, model)
-        assert prefill_tokens(output) == 16 and output.budget.prefill_limit == 16
+        assert prefill_tokens(output) == least and output.budget.prefill_limit == least
+
+
+def test_decode_steps_with_nothing_to_prefill_carry_no_budget() -> None:
+    scheduler, model = itl_scheduler(ItlTarget(seconds=0.05))
+    scheduler.abort("long")
+    output, _ = step(scheduler, model)
+    assert output.num_batched_tokens == 4 and output.budget is None
 
 
 def test_until_the_step_cost_can_predict_prefill_beside_decodes_takes_one_page() -> None:
