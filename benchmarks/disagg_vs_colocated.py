@@ -136,8 +136,10 @@ def percentiles_ms(gaps: list[float]) -> dict:
 
 def colocated(budget: int | None, model: list[str], args: argparse.Namespace) -> dict:
     batched = str(budget) if budget else str(args.long_prompt_tokens * 2)  # unchunked: a whole prompt in one step
+    # A fixed budget: the settings compare chunk sizes, so serve's ITL target (docs/token_budget.md) stays off.
     process, url = start(["serve", *model, "--threads", "2", "--kv-cache-memory", "1GiB",
-                          "--max-num-batched-tokens", batched], log_name=f"colocated-{budget or 'unchunked'}")
+                          "--max-num-batched-tokens", batched, "--itl-target-ms", "0"],
+                         log_name=f"colocated-{budget or 'unchunked'}")
     try:
         return asyncio.run(run_load(url, args))
     finally:
@@ -145,7 +147,7 @@ def colocated(budget: int | None, model: list[str], args: argparse.Namespace) ->
 
 
 def disaggregated(model: list[str], args: argparse.Namespace) -> dict:
-    common = ["--threads", "1", "--kv-cache-memory", "1GiB"]
+    common = ["--threads", "1", "--kv-cache-memory", "1GiB", "--itl-target-ms", "0"]
     prefill, prefill_url = start(["serve", *model, *common, "--role", "prefill", "--max-num-batched-tokens",
                                   str(args.long_prompt_tokens * 2)], cores="0", log_name="prefill")
     decode, decode_url = start(["serve", *model, *common, "--role", "decode", "--max-num-batched-tokens", "256"],

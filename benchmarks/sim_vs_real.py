@@ -33,7 +33,7 @@ from served import ridgeline_server
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 from ridgeline.bench.serve_metrics import Slo
-from ridgeline.engine.scheduler import SchedulerConfig
+from ridgeline.engine.scheduler import ItlTarget, SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.sim.calibrated import TERMS
@@ -97,7 +97,9 @@ def profile_for(args: argparse.Namespace) -> Path:
 
 def sim_options(profile: Path, threads: int) -> SimOptions:
     # serve's defaults: token budget 2048, 256 sequences, prefix caching and chunking on, 2 GiB of bf16 KV.
-    return SimOptions(calibrated=True, profile=str(profile), threads=threads, scheduler=SchedulerConfig())
+    # serve's default scheduler: the ITL target (auto) on, priced here by the calibrated step time.
+    return SimOptions(calibrated=True, profile=str(profile), threads=threads,
+                      scheduler=SchedulerConfig(itl_target=ItlTarget()))
 
 
 def measure(args: argparse.Namespace, levels: list, vocab: int) -> None:

@@ -100,3 +100,9 @@ def test_unknown_kv_cache_dtype(args):
 
 def test_roofline_kv_bytes_that_is_neither_a_number_nor_a_kv_dtype():
     assert_one_line_error(run_cli("roofline", "--hardware", "nvidia-dgx-spark", "--kv-bytes", "q4"), "--kv-bytes", "q8_0")
+
+
+@pytest.mark.parametrize("value", ["fast", "-20"])
+def test_bad_itl_target(value):
+    assert_one_line_error(run_cli("serve", "--itl-target-ms", value), "--itl-target-ms takes a number of milliseconds",
+                          repr(value))

@@ -1,6 +1,6 @@
 """Continuous batching changes nothing about what a request gets: greedy outputs of 32 mixed-length prompts
 (some longer than the 512-token sliding window) are identical run alone, run as one batch, run with chunked
-prefill under a 64-token budget, run again with every full prompt block a prefix-cache hit, and run under a KV
+prefill under a 64-token budget or under an ITL target (chunks sized by measured step times), run again with every full prompt block a prefix-cache hit, and run under a KV
 budget so small that requests get preempted and recomputed."""
 
 import pytest
@@ -10,7 +10,7 @@ from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm import LLM
 from ridgeline.engine.llm_engine import EngineConfig
 from ridgeline.engine.sampling_params import SamplingParams
-from ridgeline.engine.scheduler import SchedulerConfig
+from ridgeline.engine.scheduler import ItlTarget, SchedulerConfig
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +46,16 @@ def test_one_batch_equals_alone(prompts, alone):
 def test_chunked_prefill_under_small_budget_equals_alone(prompts, alone):
     llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=64, enable_prefix_caching=False)))
     assert run_batch(llm, prompts) == alone
+
+
+def test_prefill_cut_to_an_itl_target_equals_alone(prompts, alone):
+    # A tight target: beside decodes, prompts advance a page or a few a step, at boundaries the timing decides.
+    llm = LLM(config=EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=512, enable_prefix_caching=False,
+                                                            itl_target=ItlTarget(decode_multiple=1.5))))
+    assert run_batch(llm, prompts) == alone
+    limited = [step for step in llm.engine.steps.recent() if step.prefill_limit is not None]
+    assert limited and all(step.prefill_tokens <= step.prefill_limit for step in limited)
+    assert any(step.itl_target_s is not None for step in limited)  # the estimate took over from the first page
 
 
 def test_prefix_cache_second_pass_all_hits_equals_alone(prompts, alone):

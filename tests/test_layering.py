@@ -5,6 +5,8 @@
 - engine/ and model/ never import the server (the server drives the engine, never the reverse);
 - engine/ never imports cluster/, and cluster/ never imports the server: the one engine-thread driver
   (engine/engine_thread.py) sits below both fronts, the one-model server and the router's workers;
+- engine/ never imports sim/: the simulator runs the engine's scheduler, and hands it its step-time model
+  (a plain callable) where the scheduler needs one;
 - model/attention_batch.py, which model/layers/ consume, does not import from model/layers/.
 
 Every import counts, including those inside functions.
@@ -79,6 +81,12 @@ def test_engine_and_model_never_import_the_server(path):
 def test_engine_never_imports_the_cluster(path):
     cluster = {name for name in imported_modules(path) if within(name, ["ridgeline.cluster"])}
     assert not cluster, f"{path.relative_to(PACKAGE)} imports {sorted(cluster)}"
+
+
+@pytest.mark.parametrize("path", modules_under("engine"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_engine_never_imports_the_simulator(path):
+    sim = {name for name in imported_modules(path) if within(name, ["ridgeline.sim"])}
+    assert not sim, f"{path.relative_to(PACKAGE)} imports {sorted(sim)}"
 
 
 @pytest.mark.parametrize("path", modules_under("cluster"), ids=lambda p: str(p.relative_to(PACKAGE)))

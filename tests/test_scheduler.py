@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ridgeline.engine.block_manager import RELEASED
 from ridgeline.engine.sampling_params import SamplingParams
-from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
+from ridgeline.engine.scheduler import ItlTarget, ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import RidgelineError
 
@@ -76,10 +76,15 @@ class PagedFakeModel:
 
 
 def make_scheduler(num_pages: int = 256, max_model_len: int = MAX_MODEL_LEN, windows=(None,), block_size: int = 16,
-                   **config) -> Scheduler:
+                   step_cost=None, **config) -> Scheduler:
     ticks = itertools.count()
     return Scheduler(SchedulerConfig(**config), num_pages, max_model_len, eos_token_ids=[EOS],
-                     clock=lambda: float(next(ticks)), windows=windows, block_size=block_size)
+                     clock=lambda: float(next(ticks)), windows=windows, block_size=block_size, step_cost=step_cost)
+
+
+def linear_cost(step_s: float = 0.010, decode_s: float = 0.002, prompt_s: float = 0.001):
+    """A step-cost model: a fixed cost per step, per decode row, per prompt token (the engine's estimate's form)."""
+    return lambda chunks: step_s + sum(decode_s if n == 1 else prompt_s * n for _, n, _ in chunks)
 
 
 def make_seq(request_id: str, prompt: list[int], max_tokens: int | None = 8, **params) -> Sequence:
@@ -156,9 +161,13 @@ def mixed_workload() -> dict[int, list[Sequence]]:
         dict(windows=GEMMA_LIKE, block_size=4, max_num_batched_tokens=16),
         dict(windows=GEMMA_LIKE, num_pages=60, block_size=4, max_num_batched_tokens=16),
         dict(windows=(6, 13), num_pages=12, block_size=4, max_num_batched_tokens=8),
+        # An ITL target cuts prefill beside decodes to a few tokens a step: same tokens, other chunks.
+        dict(block_size=4, itl_target=ItlTarget(seconds=0.02), step_cost=linear_cost()),
+        dict(num_pages=45, block_size=4, itl_target=ItlTarget(), step_cost=linear_cost()),
     ],
     ids=["default", "chunked-16", "no-chunking", "no-prefix-cache", "two-seqs", "block-4", "tiny-pool", "tiny-pool-chunked",
-         "windows", "windows-chunked-16", "windows-tiny-pool", "sliding-only-tiny-pool"],
+         "windows", "windows-chunked-16", "windows-tiny-pool", "sliding-only-tiny-pool", "itl-target",
+         "itl-target-tiny-pool"],
 )
 def test_every_request_completes_with_the_tokens_it_would_get_alone(setup: dict) -> None:
     scheduler = make_scheduler(**setup)
@@ -166,6 +175,8 @@ def test_every_request_completes_with_the_tokens_it_would_get_alone(setup: dict)
     assert_all_correct(scheduler, seqs)
     if "num_pages" in setup:
         assert scheduler.num_preemptions > 0
+    if "itl_target" in setup:
+        assert scheduler.num_prefilled_tokens > 0
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -477,3 +488,100 @@ def test_fork_shares_each_groups_pages_but_only_the_window_of_a_sliding_group() 
     while scheduler.has_unfinished():
         step(scheduler, model)
     assert_all_correct(scheduler, [parent, child])
+
+
+def itl_scheduler(target: ItlTarget, step_cost=None, **config) -> tuple[Scheduler, PagedFakeModel]:
+    """Four streams decoding (after one step prefills their prompts) and a 400-token prompt waiting. The token
+    budget is 256, so the least prefill beside decodes is one 16-token page (a sixteenth of the budget)."""
+    config.setdefault("max_num_batched_tokens", 256)
+    scheduler = make_scheduler(itl_target=target, step_cost=step_cost or linear_cost(), **config)
+    model = PagedFakeModel(256, 16)
+    for i in range(4):
+        scheduler.add_request(make_seq(f"d{i}", [2, 3, 4], max_tokens=50))
+    output, _ = step(scheduler, model)
+    assert output.budget is None  # nothing decoded yet: prefill only, no limit
+    scheduler.add_request(make_seq("long", list(range(400)), max_tokens=2))
+    return scheduler, model
+
+
+def prefill_tokens(output: SchedulerOutput) -> int:
+    return sum(c.num_tokens for c in output.chunks if c.seq.request_id == "long")
+
+
+def test_an_itl_target_caps_the_prefill_beside_decodes_to_the_predicted_step_time() -> None:
+    # 10 ms a step + 4 decodes x 2 ms + n x 1 ms <= 50 ms: n = 32.
+    scheduler, model = itl_scheduler(ItlTarget(seconds=0.050))
+    output, _ = step(scheduler, model)
+    assert [c.num_tokens for c in output.chunks] == [1, 1, 1, 1, 32]
+    assert output.budget.prefill_limit == 32 and output.budget.target_s == 0.050
+    assert output.budget.predicted_s == pytest.approx(0.050)
+
+
+def test_the_default_target_is_a_multiple_of_the_decode_step_the_queue_heads_to() -> None:
+    # Four decoding and the long prompt waiting: five decodes alone take 10 + 5 x 2 = 20 ms; 2x that = 40 ms,
+    # less the four decodes of this step (18 ms), leaves 22 ms: 22 prompt tokens.
+    scheduler, model = itl_scheduler(ItlTarget())
+    output, _ = step(scheduler, model)
+    assert prefill_tokens(output) == 22
+    assert output.budget.target_s == pytest.approx(0.040)
+    # More prompts waiting: the batch they make decodes slower, and the target follows (up to max_num_seqs).
+    for i in range(4):
+        scheduler.add_request(make_seq(f"w{i}", list(range(40)), max_tokens=2))
+    output, _ = step(scheduler, model)
+    assert output.budget.target_s == pytest.approx(2 * (0.010 + 9 * 0.002))
+    capped, capped_model = itl_scheduler(ItlTarget(), max_num_seqs=5)
+    for i in range(4):
+        capped.add_request(make_seq(f"w{i}", list(range(40)), max_tokens=2))
+    output, _ = step(capped, capped_model)
+    assert output.budget.target_s == pytest.approx(0.040)
+
+
+def test_without_decodes_prefill_takes_the_whole_budget() -> None:
+    scheduler = make_scheduler(itl_target=ItlTarget(seconds=0.001), step_cost=linear_cost(), max_num_batched_tokens=300)
+    scheduler.add_request(make_seq("long", list(range(400)), max_tokens=2))
+    output, _ = step(scheduler, PagedFakeModel(256, 16))
+    assert output.num_batched_tokens == 300 and output.budget is None
+
+
+@pytest.mark.parametrize("budget,least", [(256, 16), (1024, 64), (2048, 128)])
+def test_the_prefill_beside_decodes_never_drops_below_a_sixteenth_of_the_budget_or_a_page(budget, least) -> None:
+    # A target the decodes alone already miss: the prompt still advances every step.
+    scheduler, model = itl_scheduler(ItlTarget(seconds=0.001), block_size=16, max_num_batched_tokens=budget)
+    for _ in range(3):
+        output, _ = step(scheduler, model)
+        assert prefill_tokens(output) == least and output.budget.prefill_limit == least
+
+
+def test_decode_steps_with_nothing_to_prefill_carry_no_budget() -> None:
+    scheduler, model = itl_scheduler(ItlTarget(seconds=0.05))
+    scheduler.abort("long")
+    output, _ = step(scheduler, model)
+    assert output.num_batched_tokens == 4 and output.budget is None
+
+
+def test_until_the_step_cost_can_predict_prefill_beside_decodes_takes_one_page() -> None:
+    scheduler, model = itl_scheduler(ItlTarget(), step_cost=lambda chunks: None)
+    output, _ = step(scheduler, model)
+    assert prefill_tokens(output) == 16
+    assert output.budget.target_s is None and output.budget.predicted_s is None
+
+
+def test_an_itl_target_changes_chunks_not_tokens() -> None:
+    def run(**config) -> list[list[int]]:
+        scheduler = make_scheduler(block_size=4, **config)
+        seqs = run_to_completion(scheduler, mixed_workload())
+        assert_all_correct(scheduler, seqs)
+        return [seq.output_token_ids for seq in seqs]
+
+    assert run(itl_target=ItlTarget(seconds=0.015), step_cost=linear_cost()) == run()
+
+
+def test_an_itl_target_needs_chunked_prefill_and_a_step_cost_model() -> None:
+    with pytest.raises(RidgelineError, match="chunked prefill"):
+        SchedulerConfig(itl_target=ItlTarget(), enable_chunked_prefill=False)
+    with pytest.raises(RidgelineError, match="step-cost model"):
+        make_scheduler(itl_target=ItlTarget())
+    with pytest.raises(RidgelineError, match="positive"):
+        ItlTarget(seconds=0)
+    with pytest.raises(RidgelineError, match="exceed 1"):
+        ItlTarget(decode_multiple=1.0)

@@ -107,3 +107,14 @@ def test_a_decode_row_verifying_guesses_computes_them_but_reads_the_cache_once(r
     assert step.flops == pytest.approx(4 * shape.matmul_flops_per_token()
                                        + sum(shape.attention_flops_per_token(c) for c in range(100, 104)))
     assert step.kv_bytes == shape.kv_bytes_for_context(100, KV_BYTES)
+
+
+def test_a_step_records_what_the_itl_target_allowed(roofline):
+    from ridgeline.engine.scheduler import StepBudget
+
+    recorder = StepRecorder(roofline.shape, KV_BYTES)
+    limited = recorder.record(SchedulerOutput([chunk(40, 1), chunk(0, 48, samples=False)], [], StepBudget(48, 0.09, 0.085)), 0.08)
+    assert (limited.prefill_limit, limited.itl_target_s, limited.predicted_s) == (48, 0.09, 0.085)
+    assert limited.to_json()["prefill_limit"] == 48 and limited.to_json()["itl_target_s"] == 0.09
+    free = recorder.record(plan(chunk(0, 300)), 0.3)  # no decodes, or no target: nothing limited the step
+    assert free.to_json()["prefill_limit"] is None and free.itl_target_s is None

@@ -9,6 +9,7 @@ from ridgeline.errors import RidgelineError
 
 if TYPE_CHECKING:
     from ridgeline.engine.llm_engine import EngineConfig
+    from ridgeline.engine.scheduler import ItlTarget
 
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -18,6 +19,29 @@ KV_CACHE_DTYPE = typer.Option("bf16", "--kv-cache-dtype", help="KV-cache element
                               "or q8_0 (int8 with an fp16 scale per 32 values: 1.88x the tokens of bf16).")
 KV_CACHE_DTYPE_K = typer.Option(None, "--kv-cache-dtype-k", help="K's type alone (default: --kv-cache-dtype).")
 KV_CACHE_DTYPE_V = typer.Option(None, "--kv-cache-dtype-v", help="V's type alone (default: --kv-cache-dtype).")
+
+ITL_TARGET_MS = typer.Option("auto", "--itl-target-ms", help="Longest a step that carries decodes may take, in ms "
+                             "(a stream's inter-token latency): prefill chunks beside decodes are cut to fit, using "
+                             "step times measured as the engine runs. auto: 2x the measured time of a decode-only "
+                             "step of the running and waiting requests; 0 or off: prefill fills --max-num-batched-tokens whatever decodes run.")
+
+
+def parse_itl_target(text: str) -> "ItlTarget | None":
+    """'auto', a number of milliseconds, or '0'/'off' (no target: the fixed token budget)."""
+    from ridgeline.engine.scheduler import ItlTarget
+
+    cleaned = text.strip().lower()
+    if cleaned == "auto":
+        return ItlTarget()
+    if cleaned in ("off", "none"):
+        return None
+    try:
+        milliseconds = float(cleaned)
+    except ValueError:
+        milliseconds = float("nan")
+    if not milliseconds >= 0 or milliseconds == float("inf"):
+        raise RidgelineError(f"--itl-target-ms takes a number of milliseconds, auto, or 0 (off), got {text!r}")
+    return ItlTarget(seconds=milliseconds / 1e3) if milliseconds else None
 
 
 def parse_bytes(text: str) -> int:
@@ -36,7 +60,7 @@ def engine_config(model: Path | None, *, threads: int | None = None, dtype: str 
                   kv_cache_dtype_v: str | None = None, block_size: int = 16,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, prefix_caching: bool = True,
                   chunked_prefill: bool = True, max_model_len: int | None = None,
-                  speculative_tokens: int = 0) -> "EngineConfig":
+                  speculative_tokens: int = 0, itl_target: "ItlTarget | None" = None) -> "EngineConfig":
     # Imported here: the command modules that import this one load for `ridgeline --help`, which needs no torch.
     from ridgeline.engine.kv_cache import KVCacheConfig
     from ridgeline.engine.llm_engine import EngineConfig
@@ -51,7 +75,8 @@ def engine_config(model: Path | None, *, threads: int | None = None, dtype: str 
         kv_cache=KVCacheConfig(block_size, kv_cache_dtype, parse_bytes(kv_cache_memory), kv_cache_dtype_k,
                                kv_cache_dtype_v),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                  enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill),
+                                  enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
+                                  itl_target=itl_target),
         max_model_len=max_model_len,
         speculative=SpeculativeConfig(num_tokens=speculative_tokens),
     )

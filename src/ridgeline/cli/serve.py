@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 
 from ridgeline.cli.app import app
-from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
+from ridgeline.cli.engine_options import ITL_TARGET_MS, KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
 
 
 @app.command("serve", help="Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).")
@@ -17,7 +17,8 @@ def serve_command(
     api_key: str = typer.Option(None, "--api-key", envvar="RIDGELINE_API_KEY", help="Require 'Authorization: Bearer KEY'."),
     served_model_name: str = typer.Option(None, "--served-model-name", help="Model name clients use (default: the file's name)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
-    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step."),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step (all of them prefill when no decode runs; see --itl-target-ms)."),
+    itl_target_ms: str = ITL_TARGET_MS,
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
     kv_cache_dtype: str = KV_CACHE_DTYPE,
     kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
@@ -58,7 +59,7 @@ def serve_command(
         _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, local_prefill_tokens, threads,
                       kv_cache_memory, kv_cache_dtype)
         return
-    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.cli.engine_options import engine_config, parse_itl_target
     from ridgeline.dashboard.machine import machine_named
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
@@ -81,6 +82,7 @@ def serve_command(
         prefix_caching=not no_prefix_caching,
         max_model_len=max_model_len,
         speculative_tokens=speculative_tokens,
+        itl_target=parse_itl_target(itl_target_ms),
     )
     server_config = ServerConfig(
         host=host,
@@ -101,6 +103,9 @@ def serve_command(
     with console.status("loading model"):
         engine = LLMEngine(config)
     console.print(engine.capacity_report, highlight=False)
+    target = config.scheduler.itl_target
+    console.print(f"step budget: {config.scheduler.max_num_batched_tokens} tokens; "
+                  + (f"{target.describe()} caps prefill beside decodes" if target else "no ITL target"), highlight=False)
     with console.status("reading this machine's roofline for /dashboard (measured once, then cached)"):
         machine = machine_named(hardware)  # before serving, with the engine's thread count, so no request waits on it
     console.print(f"dashboard: http://{host}:{port}/dashboard (roofline of {machine.title})", highlight=False)

@@ -1,6 +1,7 @@
 """`ridgeline simulate`: serve a workload with ridgeline's own scheduler under a virtual clock, on a catalogue
 machine (roofline step time) or on this one (a calibrated profile), and report it as bench serve does."""
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from rich.console import Console
 
 from ridgeline.cli.app import app
 from ridgeline.cli.bench_serve import parse_list, print_report, write_plots
-from ridgeline.cli.engine_options import parse_bytes
+from ridgeline.cli.engine_options import ITL_TARGET_MS, parse_bytes, parse_itl_target
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.kv_dtypes import parse_kv_bytes
@@ -67,6 +68,7 @@ def simulate_command(
     seed: int = typer.Option(0, "--seed", help="Seed for synthetic prompts and Poisson arrivals (bench serve's arrivals for the same seed)."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step (the chunk budget)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
+    itl_target_ms: str = ITL_TARGET_MS,
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     kv_cache_memory: str = typer.Option(None, "--kv-cache-memory", help="KV budget per replica, e.g. 40GiB (default: 90% of the machine's memory less the weights; 2GiB with --calibrated, as serve)."),
     kv_bytes: str = typer.Option("2", "--kv-bytes", help="Bytes per KV-cache element, or a KV dtype: bf16 = 2, q8_0 = 1.0625 (int8 + an fp16 scale per 32)."),
@@ -88,7 +90,8 @@ def simulate_command(
     plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png."),
 ) -> None:
     scheduler = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                enable_prefix_caching=not no_prefix_caching, enable_chunked_prefill=not no_chunked_prefill)
+                                enable_prefix_caching=not no_prefix_caching, enable_chunked_prefill=not no_chunked_prefill,
+                                itl_target=None if no_chunked_prefill else parse_itl_target(itl_target_ms))
     from ridgeline.sim.metrics import summarise_run
     from ridgeline.sim.setup import SimOptions, deployment, parse_split
     from ridgeline.sim.simulator import simulate
@@ -104,7 +107,7 @@ def simulate_command(
                   shared_prefix_len=shared_prefix_len, max_concurrency=max_concurrency, seed=seed)
     config = {"model": deploy.shape.name, "weights": deploy.shape.weights, "step_time": deploy.step_time.name,
               "kv_pages": deploy.pool.num_pages, "kv_tokens": deploy.pool.tokens_of_all_layers,
-              "scheduler": vars(scheduler), "block_size": block_size, "replicas": replicas, "disaggregate": disaggregate,
+              "scheduler": dataclasses.asdict(scheduler), "block_size": block_size, "replicas": replicas, "disaggregate": disaggregate,
               "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms}, "workload": workload}
     if search:
         report = {"config": config, "search": run_search(options, deploy, slo, target_rate, common)}

@@ -25,6 +25,7 @@ from ridgeline.engine.sampler import Sampler, TokenLogprobs
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.speculative import NgramProposer, SpeculativeConfig
+from ridgeline.engine.step_cost import OnlineStepCost
 from ridgeline.engine.sequence import Sequence
 from ridgeline.engine.step_record import StepRecorder
 from ridgeline.errors import RidgelineError
@@ -79,10 +80,13 @@ class LLMEngine:
                                      f"{context} tokens")
             context = config.max_model_len
         self.proposer = NgramProposer(config.speculative) if config.speculative.num_tokens else None
+        # With an ITL target the scheduler prices steps with what this engine's own steps measured.
+        self.step_cost = OnlineStepCost() if config.scheduler.itl_target is not None else None
         self.scheduler = Scheduler(config.scheduler, self.num_pages, context, self.tokenizer.eos_ids,
                                    windows=[group.window for group in assembled.kv_cache.groups],
                                    block_size=config.kv_cache.block_size,
-                                   proposer=self.proposer.propose if self.proposer else None)
+                                   proposer=self.proposer.propose if self.proposer else None,
+                                   step_cost=self.step_cost.predict if self.step_cost else None)
         self.admission = Admission(
             AdmissionLimits(self.model_config.vocab_size, self.scheduler.max_seq_len,
                             config.scheduler.max_num_batched_tokens, config.scheduler.enable_chunked_prefill),
@@ -130,6 +134,7 @@ class LLMEngine:
         if self._arrived:  # their first token was sampled by the prefill engine: it reaches the caller from here
             arrived, self._arrived = self._arrived, []
             outputs += self.output_processor.outputs(arrived, self.output_processor.detokenize(arrived), [])
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return outputs
@@ -140,6 +145,9 @@ class LLMEngine:
                    if s.seq.request_id in updates else s for s in samples]
         stop_string_hits = {request_id for request_id, update in updates.items() if update.stopped}
         finished = self.scheduler.update(plan, [sample.token_ids for sample in samples], stop_string_hits)
+        if self.step_cost is not None:  # the whole step, scheduling to sampled tokens: the gap a stream sees
+            self.step_cost.observe([(c.start, c.num_tokens, c.samples) for c in plan.chunks],
+                                   time.perf_counter() - started)
         return outputs + self.output_processor.outputs(samples, updates, finished)
 
     def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[range]]:

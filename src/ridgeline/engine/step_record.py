@@ -40,6 +40,12 @@ class StepRecord:
     weight_bytes: float
     kv_bytes: float
     flops: float
+    # With an ITL target (SchedulerOutput.budget): the prefill tokens the step could take, the target in seconds
+    # (None while the step-cost estimate learns), and the estimate's prediction for the step as scheduled (the
+    # whole engine step, scheduling to sampled tokens, which is what it is fitted to; `seconds` is the forward pass).
+    prefill_limit: int | None = None
+    itl_target_s: float | None = None
+    predicted_s: float | None = None
 
     @property
     def decode_rows(self) -> int:
@@ -93,6 +99,9 @@ class StepRecord:
             "flops": self.flops,
             "intensity": self.intensity,
             "flops_per_s": self.flops_per_s,
+            "prefill_limit": self.prefill_limit,
+            "itl_target_s": self.itl_target_s,
+            "predicted_s": self.predicted_s,
         }
 
 
@@ -125,9 +134,11 @@ class StepRecorder:
                 kv_bytes += shape.kv_bytes_for_context(end, kv_dtype)  # the prefix read, the chunk written
         tokens = plan.num_batched_tokens
         flops += tokens * shape.matmul_flops_per_token()
+        budget = plan.budget
         with self._lock:
             step = StepRecord(self._next_index, time.time(), seconds, tokens, tuple(contexts), tuple(prefills),
-                              shape.weight_bytes_read(tokens), kv_bytes, flops)
+                              shape.weight_bytes_read(tokens), kv_bytes, flops,
+                              *((budget.prefill_limit, budget.target_s, budget.predicted_s) if budget else ()))
             self._next_index += 1
             self._steps.append(step)
         return step

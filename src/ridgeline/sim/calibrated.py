@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ridgeline.engine.step_cost import nonnegative_least_squares  # one fit for the profile and the engine's own estimate
 from ridgeline.errors import RidgelineError
 from ridgeline.sim.engine_path import EnginePath
 from ridgeline.sim.stamp import Stamp
@@ -28,34 +29,6 @@ FORMAT = 2  # 1 fitted per-row FLOPs, which a tiled engine path does not follow
 def features(terms: StepTerms) -> list[float]:
     return [1.0, terms.chunks, terms.decode_tiles, terms.prompt_tiles, terms.logit_tiles, terms.span_attention_flops,
             terms.kv_read_bytes]
-
-
-def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with coefficients >= 0 (Lawson-Hanson active set), on unit-scaled columns."""
-    scale = np.abs(x).max(axis=0)
-    scale[scale == 0] = 1.0
-    a = x / scale
-    n = a.shape[1]
-    passive = np.zeros(n, dtype=bool)
-    coef = np.zeros(n)
-    for _ in range(3 * n):
-        gradient = a.T @ (y - a @ coef)
-        candidates = ~passive & (gradient > 1e-12)
-        if not candidates.any():
-            break
-        passive[np.argmax(np.where(candidates, gradient, -np.inf))] = True
-        while True:
-            trial = np.zeros(n)
-            trial[passive] = np.linalg.lstsq(a[:, passive], y, rcond=None)[0]
-            if (trial[passive] > 0).all():
-                coef = trial
-                break
-            # Step back toward the last feasible point until a coefficient reaches zero, and drop it.
-            blocked = passive & (trial <= 0)
-            alpha = np.min(coef[blocked] / (coef[blocked] - trial[blocked] + 1e-300))
-            coef = coef + alpha * (trial - coef)
-            passive &= coef > 1e-15
-    return coef / scale
 
 
 @dataclass(frozen=True)

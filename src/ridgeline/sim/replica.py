@@ -43,8 +43,10 @@ class Replica:
                  step_time: StepTimeModel, terms_of: TermsOf, log_steps: bool = False, role: str = "colocated"):
         self.name, self.role = name, role  # role: colocated, prefill or decode
         self.now = 0.0
+        # An ITL target prices candidate steps with the same model that times them here.
         self.scheduler = Scheduler(config, pool.num_pages, max_model_len, clock=lambda: self.now,
-                                   windows=pool.windows, block_size=pool.block_size)
+                                   windows=pool.windows, block_size=pool.block_size,
+                                   step_cost=lambda chunks: step_time.seconds(terms_of.of_chunks(chunks)))
         self.admission = Admission(AdmissionLimits(vocab_size, self.scheduler.max_seq_len, config.max_num_batched_tokens,
                                                    config.enable_chunked_prefill))
         self.step_time, self.terms_of = step_time, terms_of
