@@ -18,8 +18,8 @@ from gguf import GGMLQuantizationType as T
 
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import QUANT_BITS, dequantize_reference, pack
-from ridgeline.model.quant.random_blocks import random_stored
-from ridgeline.model.weights import QUANTIZED_TYPES
+from ridgeline.model.quant.random_blocks import FP16_SCALE_FIELDS, random_stored
+from ridgeline.model.weights import QUANTIZED_TYPES, StoredTensor
 
 SIMPLE = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.MXFP4)  # blocks of 32
 K_QUANTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)  # super-blocks of 256
@@ -109,3 +109,27 @@ def test_packed_weights_stay_near_their_file_size(qtype):
     # Only types with sub-byte sub-block scales grow: those are unpacked to a byte each.
     allowance = {T.Q4_K: 0.125, T.Q5_K: 0.125, T.Q3_K: 0.125, T.IQ4_XS: 0.0625}.get(qtype, 0.0)
     assert packed.bits_per_weight == pytest.approx(stored.bits_per_weight + allowance)
+
+
+@needs_compiled
+@pytest.mark.parametrize("fill", [0x00, 0x7F, 0x80, 0xFF], ids=hex)
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.Q6_K], ids=lambda t: t.name)
+def test_gemv_groups_of_16_at_their_extremes(qtype, fill):
+    """The types with groups of 16 sum two groups' dot products times their integer scales (and Q2_K's minima) in
+    int32 before going to float: every quant and scale byte at one extreme (largest or most negative scale, largest
+    or smallest quant), against activations all +-max, still matches the exact sum."""
+    stored = random_stored(qtype, (16, 512), seed=10)
+    blocks = stored.data.numpy().reshape(16, 2, -1).copy()
+    scale_fields = FP16_SCALE_FIELDS[qtype]
+    kept = [blocks[..., field].copy() for field in scale_fields]
+    blocks[...] = fill
+    for field, values in zip(scale_fields, kept):
+        blocks[..., field] = values
+    stored = StoredTensor(qtype, stored.shape, torch.from_numpy(blocks.reshape(16, -1)))
+    weight = stored.dequantize().double()
+    for sign in (1.0, -1.0):
+        x = torch.full((2, 512), sign)
+        x[1, ::2] = -sign  # and alternating signs, so that the activation sums per group are not all extreme
+        y = kernels.gemv(pack(stored), x)
+        exact = int8_activations(x) @ weight.T
+        torch.testing.assert_close(y.double(), exact, rtol=1e-4, atol=1e-4 * exact.abs().max().item())

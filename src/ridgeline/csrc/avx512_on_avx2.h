@@ -173,6 +173,7 @@ inline void rl_mm512_store_ps(void* p, rl_m512 a) { rl_mm512_storeu_ps(p, a); }
 
 inline rl_m512i rl_mm512_and_si512(rl_m512i a, rl_m512i b) { return {_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)}; }
 inline rl_m512i rl_mm512_add_epi32(rl_m512i a, rl_m512i b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline rl_m512i rl_mm512_mullo_epi32(rl_m512i a, rl_m512i b) { return {_mm256_mullo_epi32(a.lo, b.lo), _mm256_mullo_epi32(a.hi, b.hi)}; }
 inline rl_m512i rl_mm512_srli_epi16(rl_m512i a, int n) { return {_mm256_srli_epi16(a.lo, n), _mm256_srli_epi16(a.hi, n)}; }
 inline rl_m512i rl_mm512_srli_epi32(rl_m512i a, int n) { return {_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)}; }
 inline rl_m512i rl_mm512_slli_epi32(rl_m512i a, int n) { return {_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)}; }
@@ -256,6 +257,7 @@ inline __m256i rl_mm512_cvtepi32_epi16(rl_m512i a) {  // truncating: the low 16 
 #define _mm512_store_si512 rl_mm512_store_si512
 #define _mm512_and_si512 rl_mm512_and_si512
 #define _mm512_add_epi32 rl_mm512_add_epi32
+#define _mm512_mullo_epi32 rl_mm512_mullo_epi32
 #define _mm512_srli_epi16 rl_mm512_srli_epi16
 #define _mm512_srli_epi32 rl_mm512_srli_epi32
 #define _mm512_slli_epi32 rl_mm512_slli_epi32
