@@ -146,11 +146,14 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=600, help="time limit per server")
     parser.add_argument("--log-dir", default="/tmp", help="where the servers' logs go")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--no-llama-cpp-python", action="store_true",
+                        help="leave out llama-cpp-python's server (one request at a time: not the peer the target is "
+                             "set against), and the ~8 min build of its environment")
     args = parser.parse_args()
     model = resolve_model_path(args.model)
     # Both build on first use (taking the CPU lock themselves), before the measurements take it.
     binary = llama_server()
-    python = with_server_extras(llamacpp_python())
+    python = None if args.no_llama_cpp_python else with_server_extras(llamacpp_python())
 
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -159,9 +162,10 @@ def main() -> None:
             "llama-server": measure("llama-server", llama_server_command(binary, model, free_port(), args),
                                     "/health", args),
         }
-        with banned_end_tokens(sorted(read_checkpoint(model).load_tokenizer().eos_ids)):
-            results["llama-cpp-python"] = measure(
-                "llama-cpp-python", llamacpp_python_command(python, model, free_port(), args), "/v1/models", args)
+        if python is not None:
+            with banned_end_tokens(sorted(read_checkpoint(model).load_tokenizer().eos_ids)):
+                results["llama-cpp-python"] = measure(
+                    "llama-cpp-python", llamacpp_python_command(python, model, free_port(), args), "/v1/models", args)
     results = {name: figures(level) for name, level in results.items()}
 
     ours, peer = results["ridgeline"], results["llama-server"]
