@@ -118,6 +118,7 @@ def summarise(runs: list[Run], workloads: list[str], ks: list[int]) -> list[dict
                 "workload": workload, "k": k, "generated_tokens": len(mine[0].tokens),
                 "decode_tok_s": statistics.mean(tok_s), "decode_tok_s_sd": statistics.stdev(tok_s) if len(tok_s) > 1 else 0.0,
                 "runs_tok_s": tok_s, "speedup": statistics.mean(tok_s) / base_tok_s,
+                "median_speedup": statistics.median(tok_s) / statistics.median(r.decode_tok_s for r in base),
                 "acceptance_rate": accepted / proposed if proposed else 0.0,
                 "tokens_per_step": statistics.mean((len(r.tokens) - 1) / max(r.decode_steps, 1) for r in mine),
                 "verifying_steps": statistics.mean(r.verifications / max(r.decode_steps, 1) for r in mine),
