@@ -4,9 +4,12 @@
     flock /tmp/ridgeline-cpu.lock timeout 900 .venv/bin/python benchmarks/sim_vs_real.py --only concurrency
     .venv/bin/python benchmarks/sim_vs_real.py --only table
 
-1. `ridgeline profile` measures this machine's engine steps on its own grid (kept in benchmarks/out/sim_vs_real/
-   and measured again only when its stamp no longer matches: other commit, CPU or thread count). The fit never
-   sees a validation run: the profile is taken before them, on the grid alone.
+1. `ridgeline profile --through-server` starts `ridgeline serve`, drives its own calibration load through it
+   (sim/server_profile.py CalibrationLoad: another seed, other prompt and output lengths, another shared prefix)
+   and fits the cycle time of the server's back-to-back steps from GET /v1/steps: what serving costs per step,
+   not LLMEngine.step timed alone. The profile is kept in benchmarks/out/sim_vs_real/ (and copied to
+   docs/sim_validation_profile.json by the table) and measured again only when its stamp no longer matches
+   (other commit, CPU or thread count). The fit never sees a validation trace. About 4 minutes.
 2. Writes one trace per load level: Poisson arrivals at 5 rates and all-at-once arrivals for 3 concurrencies;
    prompts of token ids, a mix of short and long (up to 1,536 tokens: ~3.5 s of prefill each here), half of the
    longer ones opening with one shared 256-token prefix (the prefix cache is exercised), 16-64 output tokens.
@@ -29,7 +32,7 @@ import sys
 from pathlib import Path
 from statistics import median
 
-from served import ridgeline_server
+from ridgeline.bench.served import ridgeline_server
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 from ridgeline.bench.serve_metrics import Slo
@@ -84,14 +87,17 @@ def profile_for(args: argparse.Namespace) -> Path:
     """This machine's profile: the cached one if its stamp still matches, else measured now."""
     path = args.profile or OUT / "profile.json"
     try:
-        deployment(sim_options(path, args.threads))
+        deploy = deployment(sim_options(path, args.threads))
+        if deploy.step_time.profile.source != "server" and args.profile is None:
+            raise RidgelineError("it timed the engine alone, not the server's steps")
         return path
     except RidgelineError as reason:
         if args.profile is not None:
             raise
-        print(f"profiling ({reason})", flush=True)
+        print(f"profiling through the server ({reason})", flush=True)
     python = [sys.executable, "-c", "from ridgeline.cli import main; main()"]
-    subprocess.run([*python, "profile", "--threads", str(args.threads), "--out", str(path)], check=True)
+    subprocess.run([*python, "profile", "--through-server", "--threads", str(args.threads), "--out", str(path)],
+                   check=True)
     return path
 
 
@@ -148,6 +154,7 @@ def table(args: argparse.Namespace, levels: list, profile: Path) -> None:
               "workload": {"requests_per_level": args.requests, "prompt_tokens": PROMPT_LENGTHS,
                            "output_tokens": OUTPUT_LENGTHS, "shared_prefix": SHARED_PREFIX, "threads": args.threads}}
     (DOCS / "sim_validation.json").write_text(json.dumps(result, indent=2))
+    (DOCS / "sim_validation_profile.json").write_text(Path(profile).read_text())
     markdown = markdown_table(rows, summary, deploy.step_time.name)
     (DOCS / "sim_validation.md").write_text(markdown)
     print(markdown)
