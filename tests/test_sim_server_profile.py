@@ -19,7 +19,7 @@ from ridgeline.bench.model_source import load_model_shape
 from ridgeline.napkin.model_specs import model_spec
 from ridgeline.sim.calibrated import TERMS, CalibratedStepTime, Profile, features
 from ridgeline.sim.engine_path import NAPKIN, EnginePath
-from ridgeline.sim.server_profile import CalibrationLoad, cycles, fit_cycles, read_steps
+from ridgeline.sim.server_profile import CalibrationLoad, cycles, drive, fit_cycles, read_steps
 from ridgeline.sim.stamp import Stamp
 from ridgeline.sim.step_time import TermsOf
 
@@ -175,3 +175,31 @@ def test_a_profile_round_trips_with_its_source(tmp_path):
     records = synthetic_records(np.array([3e-3, 2e-4, 0, 0, 0, 0, 0]), terms_of, np.random.default_rng(3))
     profile = fit_cycles(records, terms_of, STAMP, {})
     assert Profile.load(profile.save(tmp_path / "p.json")) == profile
+
+
+def test_a_calibration_load_through_a_server_fits_a_profile(tmp_path):
+    load = CalibrationLoad(prompt_tokens=(5, 30, 90), output_tokens=(6, 12), shared_prefix=8,
+                           levels=(("warm-up", 2, None, 2), ("concurrency 1", 1, None, 3), ("rate 50", None, 50.0, 8),
+                                   ("concurrency 6", 6, None, 8)))
+    with serve_tiny_model() as server:
+        records = drive(server.url, load, 300, tmp_path)
+        terms_of = TermsOf(load_model_shape(str(tiny_model_path())), 4, NAPKIN)
+        profile = fit_cycles(records, terms_of, STAMP, {})
+    assert min(record.index for record in records) > 0  # the warm-up's steps are left out
+    assert profile.samples >= 2 * len(TERMS) and all(c >= 0 for c in profile.coefficients)
+    assert max(record.decode_rows for record in records) > 1  # the batch level batched
+
+
+def test_the_fit_is_not_biased_low_by_right_skewed_noise():
+    """A shared machine's step times have a long right tail. Weighting each step by its own measured 1/y would
+    favour the fast draws and fit below the mean; the fit predicts the mean of steps that look alike."""
+    terms_of = TermsOf(model_spec("gemma-3-270m").shape(None), 2, NAPKIN)
+    rng = np.random.default_rng(4)
+    truth = np.array([3e-3, 2e-4, 4e-4, 9e-4, 1e-4, 2e-12, 0.0])
+    clean = synthetic_records(truth, terms_of, rng)
+    rows = [(terms_of.of_record(step), seconds * rng.lognormal(0, 0.35)) for step, seconds in cycles(clean)]
+    profile = Profile.fit(STAMP, rows, {}, source="server")
+    model = CalibratedStepTime(profile)
+    predicted = sum(model.seconds(terms) for terms, _ in rows)
+    measured = sum(seconds for _, seconds in rows)
+    assert predicted / measured == pytest.approx(1.0, abs=0.04)

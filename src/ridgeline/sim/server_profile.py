@@ -28,7 +28,7 @@ from ridgeline.engine.step_record import StepRecord
 from ridgeline.errors import RidgelineError
 from ridgeline.sim.calibrated import Profile
 from ridgeline.sim.stamp import Stamp
-from ridgeline.sim.step_time import StepTerms, TermsOf
+from ridgeline.sim.step_time import TermsOf
 
 
 def cycles(records: list[StepRecord]) -> list[tuple[StepRecord, float]]:
@@ -45,10 +45,6 @@ def cycles(records: list[StepRecord]) -> list[tuple[StepRecord, float]]:
         if seconds > 0:
             kept.append((step, seconds))
     return kept
-
-
-def cycle_rows(records: list[StepRecord], terms_of: TermsOf) -> list[tuple[StepTerms, float]]:
-    return [(terms_of.of_record(step), seconds) for step, seconds in cycles(records)]
 
 
 def fit_cycles(records: list[StepRecord], terms_of: TermsOf, stamp: Stamp, settings: dict) -> Profile:
@@ -131,7 +127,10 @@ def drive(url: str, load: CalibrationLoad, vocab: int, directory: Path,
         progress(label)
         trace = load.trace(directory / f"calibration-{level}.jsonl", level, vocab)
         config = BenchServeConfig(url, trace=trace, max_seconds=900, seed=load.seed + level)
-        bench_serve(config, [LoadLevel(concurrency=concurrency)])
+        result = bench_serve(config, [LoadLevel(concurrency=concurrency)])["levels"][0]
+        if result["failed"]:
+            raise RidgelineError(f"{result['failed']} of the calibration's {label} requests failed: "
+                                 f"{result['errors'][0]}")
         steps, total = read_steps(url, after=recorded - 1)
         recorded = total
         if label != load.warm_up:
