@@ -21,10 +21,14 @@
    writes the absolute % error per metric (TTFT p50/p90/p99, ITL p50/p99, output throughput) and level to
    docs/sim_validation.{json,md} and the measured-vs-simulated plot to docs/sim_validation.png.
 
+--compare PROFILE also simulates the measured levels with another profile (say `ridgeline profile` alone, the
+engine's steps timed without the server) and prints its errors, for attribution.
+
 Target (issue 14): median error <= 8% over all metrics and levels, and no TTFT p90 error above 20%.
 """
 
 import argparse
+import dataclasses
 import json
 import random
 import subprocess
@@ -39,7 +43,7 @@ from ridgeline.bench.serve_metrics import Slo
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.sim.calibrated import TERMS
+from ridgeline.sim.calibrated import TERMS, CalibratedStepTime, Profile
 from ridgeline.napkin.plot import plot_measured_vs_simulated
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.setup import SimOptions, deployment
@@ -124,8 +128,8 @@ def value(level: dict, metric: str, stat: str | None) -> float:
     return level[metric] if stat is None else level[metric][stat]
 
 
-def table(args: argparse.Namespace, levels: list, profile: Path) -> None:
-    deploy = deployment(sim_options(profile, args.threads))
+def compared(deploy, levels: list) -> tuple[list[dict], dict]:
+    """Every measured level simulated with `deploy`: its rows and their summary."""
     rows = []
     for _, label, _, concurrency in levels:
         measured_path = OUT / f"measured-{slug(label)}.json"
@@ -152,6 +156,25 @@ def table(args: argparse.Namespace, levels: list, profile: Path) -> None:
                "median_signed_error_pct": median(row["signed_error_pct"][n] for row in rows for n in NAMES),
                "simulated_below_measured": sum(row["signed_error_pct"][n] < 0 for row in rows for n in NAMES),
                "target": "median <= 8 %, every TTFT p90 <= 20 %"}
+    return rows, summary
+
+
+def compare(args: argparse.Namespace, levels: list, profile: Path) -> None:
+    """Attribution only: the same measured levels simulated with another profile (one of `ridgeline profile`
+    alone, say). Its stamp is not checked and nothing is written."""
+    other = Profile.load(args.compare)
+    deploy = dataclasses.replace(deployment(sim_options(profile, args.threads)), step_time=CalibratedStepTime(other))
+    rows, summary = compared(deploy, levels)
+    print(f"{deploy.step_time.name}: median error {summary['median_error_pct']:.1f} %, worst TTFT p90 "
+          f"{summary['max_ttft_p90_error_pct']:.1f} % ("
+          + ", ".join(f"{row['level']} {row['error_pct']['ttft_ms p90']:.1f} %" for row in rows)
+          + f"), {summary['simulated_below_measured']} of {len(rows) * len(NAMES)} below measured "
+          f"(median signed {summary['median_signed_error_pct']:+.1f} %)")
+
+
+def table(args: argparse.Namespace, levels: list, profile: Path) -> None:
+    deploy = deployment(sim_options(profile, args.threads))
+    rows, summary = compared(deploy, levels)
     summary["meets_target"] = summary["median_error_pct"] <= 8 and summary["max_ttft_p90_error_pct"] <= 20
     result = {"summary": summary, "rows": rows, "step_time": deploy.step_time.name,
               "profile_coefficients": dict(zip(TERMS, deploy.step_time.coefficients)),
@@ -198,6 +221,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", type=Path, help="use this profile instead of the cached or a new one")
     parser.add_argument("--only", choices=("all", "profile", "rates", "concurrency", "table"), default="all")
+    parser.add_argument("--compare", type=Path, help="also simulate the measured levels with this profile and print "
+                        "its errors (attribution; its stamp is not checked, nothing is written)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     levels = levels_of(args)
@@ -209,6 +234,8 @@ def main() -> None:
         chosen = [level for level in levels if level[1].startswith(kind)]
         measure(args, chosen, read_checkpoint(None).config.vocab_size)
     table(args, levels, profile)
+    if args.compare:
+        compare(args, levels, profile)
 
 
 if __name__ == "__main__":
