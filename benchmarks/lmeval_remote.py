@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from private_venv import private_python
-from served import ridgeline_server
+from ridgeline.bench.served import ridgeline_server
 
 LM_EVAL = "lm-eval[api]==0.4.13"  # [api]: the HTTP client models (local-completions)
 HERE = Path(__file__).resolve().parent

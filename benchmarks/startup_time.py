@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 
-from served import ridgeline_server
+from ridgeline.bench.served import ridgeline_server
 
 
 def time_to_health(cache_dir: str, model: str | None, threads: int) -> tuple[float, str]:

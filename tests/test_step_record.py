@@ -67,7 +67,8 @@ def test_a_mixed_step_reads_the_weights_once_for_all_its_rows(roofline):
     assert mixed.weight_bytes == roofline.shape.weight_bytes_read(66)
     as_json = mixed.to_json()
     assert as_json["decode_context"] == {"min": 50, "mean": 70, "max": 90}
-    assert as_json["prefill_chunks"] == [{"start": 0, "tokens": 64}]
+    assert as_json["prefill_chunks"] == [{"start": 0, "tokens": 64, "samples": False}]
+    assert as_json["decode_contexts"] == [50, 90]  # every row's context: what the simulator's terms need
 
 
 def test_the_ring_buffer_keeps_the_last_steps_and_hands_out_what_is_new(roofline):

@@ -10,7 +10,7 @@ from ridgeline.cli.bench_serve import parse_list
 from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
 
 
-@app.command("profile", help="Time this machine's real engine steps over a grid (prefill tokens, decode rows, context) and fit the simulator's calibrated step model.")
+@app.command("profile", help="Time this machine's real engine steps over a grid (prefill tokens, decode rows, context) and fit the simulator's calibrated step model; with --through-server, fit what `ridgeline serve` itself spends per step under a calibration load.")
 def profile_command(
     model: Path = typer.Option(None, "--model", help="GGUF file or HF directory (default: the bundled model)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Torch intra-op threads (the profile is only valid for this count)."),
@@ -27,8 +27,9 @@ def profile_command(
     lm_head: str = typer.Option("keep", "--lm-head", help="keep, q8 or q4 (as serve)."),
     out: Path = typer.Option(None, "--out", help="Where to write the profile (default: ~/.cache/ridgeline/profiles/MODEL.json)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompt ids."),
+    through_server: bool = typer.Option(False, "--through-server", help="Start `ridgeline serve` with these settings, drive a calibration load through it with bench serve, and fit the cycle time of its back-to-back steps from /v1/steps (scheduling, sampling, output hand-off and the server's other threads included) instead of LLMEngine.step timed alone. The grid options do not apply."),
+    server: str = typer.Option(None, "--server", help="As --through-server, against a running `ridgeline serve` at this URL (this machine and code, the same settings and --threads, no API key)."),
 ) -> None:
-    from ridgeline.sim.calibrated import TERMS
     from ridgeline.sim.profile import Grid, measure
     from ridgeline.sim.setup import profile_path
 
@@ -36,13 +37,33 @@ def profile_command(
                            kv_cache_dtype=kv_cache_dtype, kv_cache_dtype_k=kv_cache_dtype_k,
                            kv_cache_dtype_v=kv_cache_dtype_v, block_size=block_size,
                            max_num_batched_tokens=max_num_batched_tokens)
+    console = Console()
+    if through_server or server:
+        from ridgeline.sim.server_profile import measure_through_server
+
+        serve_args = [*([str(model)] if model else []), *(["--threads", str(threads)] if threads else []),
+                      "--dtype", dtype, "--lm-head", lm_head, "--kv-cache-memory", kv_cache_memory,
+                      "--kv-cache-dtype", kv_cache_dtype, "--block-size", str(block_size),
+                      "--max-num-batched-tokens", str(max_num_batched_tokens),
+                      *(["--kv-cache-dtype-k", kv_cache_dtype_k] if kv_cache_dtype_k else []),
+                      *(["--kv-cache-dtype-v", kv_cache_dtype_v] if kv_cache_dtype_v else [])]
+        with console.status("profiling through the server") as status:
+            profile = measure_through_server(config, serve_args, server,
+                                             progress=lambda line: status.update(f"profiling through the server: {line}"))
+        report(console, profile, profile.save(out or profile_path(profile.stamp.model)), "server step cycles")
+        return
     grid = Grid(tuple(parse_list(decode_rows, int, "--decode-rows")), tuple(parse_list(contexts, int, "--contexts")),
                 tuple(parse_list(prefill_tokens, int, "--prefill-tokens")))
-    console = Console()
     with console.status("profiling") as status:
         profile = measure(config, grid, seed, progress=lambda line: status.update(f"profiling: {line}"))
-    path = profile.save(out or profile_path(profile.stamp.model))
-    console.print(f"{profile.samples} steps measured; fit's median error {profile.median_abs_error:.1%}", highlight=False)
+    report(console, profile, profile.save(out or profile_path(profile.stamp.model)), "engine steps")
+
+
+def report(console, profile, path, what: str) -> None:
+    from ridgeline.sim.calibrated import TERMS
+
+    console.print(f"{profile.samples} {what} measured; fit's median error {profile.median_abs_error:.1%}",
+                  highlight=False)
     for term, coefficient in zip(TERMS, profile.coefficients):
         console.print(f"  {term:>16}: {coefficient:.4g} s per unit", highlight=False)
     console.print(f"profile for {profile.stamp.model} at {profile.stamp.commit[:12]}, {profile.stamp.cpu}, "

@@ -172,6 +172,7 @@ class EngineThread:
             while True:
                 with self._wake:
                     while not self._inbox and not self._stop and not engine.has_work():
+                        engine.steps.idle()  # the next step's cycle starts after a wait, not at the last step
                         if self._deferred:  # waiting for free pages: look again soon
                             self._wake.wait(RETRY_SECONDS)
                             break

@@ -8,6 +8,11 @@ prefix's KV, writes its own, and attends causally. So a decode-only step at batc
 `Roofline.decode_cost(B, c)` and a whole prompt in one chunk `Roofline.prefill_cost(L)`; a mixed step is the
 sum of its rows with one read of the weights.
 
+Each record also keeps what the simulator's step terms need (sim/step_time.py TermsOf.of_record: every decode
+row's context, every prefill chunk's start, length and whether it samples) and whether the engine thread sat idle
+before it (`after_idle`), so `ridgeline profile --through-server` can fit the step model on the time the server
+really spends per step (sim/server_profile.py).
+
 Recording runs on the engine thread after every forward pass, so it stays a few microseconds per row
 (benchmarks/step_record_overhead.py measures it against the step); readers on other threads copy under a lock.
 """
@@ -27,6 +32,7 @@ DEFAULT_CAPACITY = 4096  # steps kept; a few minutes of decode at ~20 ms a step
 class PrefillChunk:
     start: int  # position of the chunk's first token (tokens before it were cached or computed earlier)
     tokens: int
+    samples: bool = False  # the chunk ends its prompt: a token is sampled from its last row
 
 
 @dataclass(frozen=True)
@@ -40,12 +46,30 @@ class StepRecord:
     weight_bytes: float
     kv_bytes: float
     flops: float
+    after_idle: bool = False  # the engine thread waited for work (or had just started) before this step
     # With an ITL target (SchedulerOutput.budget): the prefill tokens the step could take, the target in seconds
     # (None while the step-cost estimate learns), and the estimate's prediction for the step as scheduled (the
     # whole engine step, scheduling to sampled tokens, which is what it is fitted to; `seconds` is the forward pass).
     prefill_limit: int | None = None
     itl_target_s: float | None = None
     predicted_s: float | None = None
+
+    @property
+    def chunks(self) -> tuple[tuple[int, int, bool], ...]:
+        """(start, num_tokens, samples) per chunk, as the scheduler planned them (TermsOf.of_chunks). Only for
+        steps without speculative guesses: a decode row that verifies guesses is kept as its context alone."""
+        if self.tokens != self.decode_rows + self.prefill_tokens:
+            raise ValueError(f"step {self.index} verified speculative guesses: its chunks are not recorded")
+        return (*((context, 1, True) for context in self.decode_contexts),
+                *((chunk.start, chunk.tokens, chunk.samples) for chunk in self.prefill_chunks))
+
+    @classmethod
+    def from_json(cls, row: dict) -> "StepRecord":
+        """The record back from its to_json() (what GET /v1/steps serves)."""
+        return cls(row["index"], row["timestamp"], row["seconds"], row["tokens"], tuple(row["decode_contexts"]),
+                   tuple(PrefillChunk(c["start"], c["tokens"], c["samples"]) for c in row["prefill_chunks"]),
+                   row["weight_bytes"], row["kv_bytes"], row["flops"], row["after_idle"],
+                   row.get("prefill_limit"), row.get("itl_target_s"), row.get("predicted_s"))
 
     @property
     def decode_rows(self) -> int:
@@ -93,7 +117,10 @@ class StepRecord:
             "prefill_tokens": self.prefill_tokens,
             "decode_context": {"min": min(contexts), "mean": sum(contexts) / len(contexts), "max": max(contexts)}
             if contexts else None,
-            "prefill_chunks": [{"start": c.start, "tokens": c.tokens} for c in self.prefill_chunks],
+            "decode_contexts": list(contexts),
+            "prefill_chunks": [{"start": c.start, "tokens": c.tokens, "samples": c.samples}
+                               for c in self.prefill_chunks],
+            "after_idle": self.after_idle,
             "weight_bytes": self.weight_bytes,
             "kv_bytes": self.kv_bytes,
             "flops": self.flops,
@@ -114,6 +141,11 @@ class StepRecorder:
         self._steps: deque[StepRecord] = deque(maxlen=capacity)
         self._lock = threading.Lock()
         self._next_index = 0
+        self._idle = True  # the first step follows the engine's start
+
+    def idle(self) -> None:
+        """The engine thread is about to wait for work: the next step does not follow the last back to back."""
+        self._idle = True
 
     def record(self, plan: SchedulerOutput, seconds: float) -> StepRecord:
         """Cost one forward pass over `plan`'s chunks that took `seconds`, and keep it."""
@@ -130,15 +162,16 @@ class StepRecorder:
                 contexts.append(start)
                 kv_bytes += shape.kv_bytes_for_context(start, kv_dtype)
             else:
-                prefills.append(PrefillChunk(start, chunk.num_tokens))
+                prefills.append(PrefillChunk(start, chunk.num_tokens, chunk.samples))
                 kv_bytes += shape.kv_bytes_for_context(end, kv_dtype)  # the prefix read, the chunk written
         tokens = plan.num_batched_tokens
         flops += tokens * shape.matmul_flops_per_token()
         budget = plan.budget
         with self._lock:
             step = StepRecord(self._next_index, time.time(), seconds, tokens, tuple(contexts), tuple(prefills),
-                              shape.weight_bytes_read(tokens), kv_bytes, flops,
+                              shape.weight_bytes_read(tokens), kv_bytes, flops, self._idle,
                               *((budget.prefill_limit, budget.target_s, budget.predicted_s) if budget else ()))
+            self._idle = False
             self._next_index += 1
             self._steps.append(step)
         return step

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ridgeline.engine.scheduler import SchedulerOutput
+from ridgeline.engine.step_record import StepRecord
 from ridgeline.napkin.model_shape import ModelShape
 from ridgeline.sim.engine_path import NAPKIN, EnginePath
 
@@ -59,6 +60,10 @@ class TermsOf:
 
     def __call__(self, plan: SchedulerOutput) -> StepTerms:
         return self.of_chunks([(chunk.start, chunk.num_tokens, chunk.samples) for chunk in plan.chunks])
+
+    def of_record(self, record: StepRecord) -> StepTerms:
+        """The same terms for a step the engine recorded (GET /v1/steps): its chunks are kept in the record."""
+        return self.of_chunks(list(record.chunks))
 
     def of_chunks(self, chunks: list[tuple[int, int, bool]]) -> StepTerms:
         """(start, num_tokens, samples) per chunk: start tokens are already cached, num_tokens are computed."""
