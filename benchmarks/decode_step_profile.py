@@ -26,7 +26,7 @@ from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.model.attention_batch import ForwardChunk
 
-CPU_LOCK = "/tmp/ridgeline-cpu.lock"
+from llamacpp_env import CPU_LOCK  # noqa: E402 - the one lock every benchmark takes
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 
 
