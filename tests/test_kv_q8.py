@@ -63,17 +63,22 @@ def test_round_trip_is_within_half_a_step_of_each_block():
     assert torch.equal(dequantize_q8_0(values[0, :32], scales[0, :1]), torch.zeros(32))  # a zero block stays zero
 
 
-def attention_inputs(heads=4, kv_heads=2, head_dim=64, block=4, pages=32, seed=0):
-    """A decode deep in its sequence, a prefill chunk from 0 and one continuing a prefill, on shuffled pages."""
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [(37, 1), (0, 11), (9, 14)]
+def shuffled_batch(shapes, block, pages, window, generator) -> tuple[list[ForwardChunk], AttentionBatch]:
+    """Chunks of (start, length) tokens, each on pages taken in a shuffled order, so no page is where its index says,
+    and their batch."""
     free = torch.randperm(pages, generator=generator).tolist()
     chunks = []
     for start, length in shapes:
         count = -(-(start + length) // block)
         chunks.append(ForwardChunk([0] * length, start, [free[:count]]))
         free = free[count:]
-    batch = AttentionBatch.build(chunks, block, [None], torch.device("cpu"))
+    return chunks, AttentionBatch.build(chunks, block, [window], torch.device("cpu"))
+
+
+def attention_inputs(heads=4, kv_heads=2, head_dim=64, block=4, pages=32, seed=0):
+    """A decode deep in its sequence, a prefill chunk from 0 and one continuing a prefill, on shuffled pages."""
+    generator = torch.Generator().manual_seed(seed)
+    _, batch = shuffled_batch([(37, 1), (0, 11), (9, 14)], block, pages, None, generator)
     q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
     k, v = (torch.randn(pages * block, kv_heads, head_dim, generator=generator) for _ in range(2))
     return batch, q, k, v
@@ -185,13 +190,7 @@ def mixed_caches(k_type: str, v_type: str, heads=4, kv_heads=1, head_dim=256, wi
     """A ragged batch on shuffled pages whose K and V sides are each 'q8_0' or a torch float dtype's name; also
     each side as the fp32 values the kernel must read from it (Q8_0 through kv_slots' dequantiser)."""
     generator = torch.Generator().manual_seed(seed)
-    free = torch.randperm(PAGES, generator=generator).tolist()
-    chunks = []
-    for start, length in SHAPES:
-        count = -(-(start + length) // BLOCK)
-        chunks.append(ForwardChunk([0] * length, start, [free[:count]]))
-        free = free[count:]
-    batch = AttentionBatch.build(chunks, BLOCK, [window], torch.device("cpu"))
+    chunks, batch = shuffled_batch(SHAPES, BLOCK, PAGES, window, generator)
     q = torch.randn(batch.positions.numel(), heads, head_dim, generator=generator)
     sides, read_as = [], []
     for kind in (k_type, v_type):
