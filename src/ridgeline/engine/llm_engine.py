@@ -146,7 +146,7 @@ class LLMEngine:
         stop_string_hits = {request_id for request_id, update in updates.items() if update.stopped}
         finished = self.scheduler.update(plan, [sample.token_ids for sample in samples], stop_string_hits)
         if self.step_cost is not None:  # the whole step, scheduling to sampled tokens: the gap a stream sees
-            self.step_cost.observe([(c.start, c.num_tokens, c.samples) for c in plan.chunks],
+            self.step_cost.observe(plan.step_chunks,
                                    time.perf_counter() - started)
         return outputs + self.output_processor.outputs(samples, updates, finished)
 

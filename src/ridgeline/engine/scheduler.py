@@ -98,6 +98,10 @@ class ScheduledChunk:
     draft_token_ids: tuple[int, ...] = ()
 
     @property
+    def step_chunk(self) -> StepChunk:
+        return (self.start, self.num_tokens, self.samples)
+
+    @property
     def token_ids(self) -> list[int]:
         own = self.seq.token_ids[self.start : self.start + self.num_tokens - len(self.draft_token_ids)]
         return own + list(self.draft_token_ids) if self.draft_token_ids else own
@@ -112,6 +116,11 @@ class SchedulerOutput:
     @property
     def num_batched_tokens(self) -> int:
         return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def step_chunks(self) -> list[StepChunk]:
+        """The step as a step-cost model prices it."""
+        return [chunk.step_chunk for chunk in self.chunks]
 
     @property
     def sampling_chunks(self) -> list[ScheduledChunk]:
@@ -293,7 +302,7 @@ class Scheduler:
 
         chunks = list(scheduled.values())
         if step_budget is not None and step_budget.target_s is not None:
-            predicted = self.step_cost([(c.start, c.num_tokens, c.samples) for c in chunks])
+            predicted = self.step_cost([chunk.step_chunk for chunk in chunks])
             step_budget = StepBudget(step_budget.prefill_limit, step_budget.target_s, predicted)
         return SchedulerOutput(chunks=chunks, preempted=preempted, budget=step_budget)
 
@@ -331,7 +340,7 @@ class Scheduler:
         these decodes plus that prefill within the ITL target. Until the model can predict, the least: streams
         keep their pace while the first steps teach the estimate."""
         target, least = self.config.itl_target, min(self.min_prefill_tokens, budget)
-        base = [(chunk.start, chunk.num_tokens, chunk.samples) for chunk in decode_chunks]
+        base = [chunk.step_chunk for chunk in decode_chunks]
         if self.step_cost(base) is None:
             return StepBudget(least, None, None)
         if target.seconds is not None:

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-StepChunk = tuple[int, int, bool]  # (start, num_tokens, samples): one sequence's share of a step
+from ridgeline.engine.scheduler import StepChunk  # (start, num_tokens, samples): one sequence's share of a step
 
 WINDOW = 32  # steps kept of each kind (with prompt tokens, without)
 RECENCY = 0.9  # a step's weight against the next newer one of its kind (half-weight ~7 steps back)

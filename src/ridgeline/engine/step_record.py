@@ -55,10 +55,15 @@ class StepRecord:
     predicted_s: float | None = None
 
     @property
+    def verified_guesses(self) -> bool:
+        """Whether a decode row of this step also verified speculative guesses (they count in `tokens` only)."""
+        return self.tokens != self.decode_rows + self.prefill_tokens
+
+    @property
     def chunks(self) -> tuple[tuple[int, int, bool], ...]:
         """(start, num_tokens, samples) per chunk, as the scheduler planned them (TermsOf.of_chunks). Only for
         steps without speculative guesses: a decode row that verifies guesses is kept as its context alone."""
-        if self.tokens != self.decode_rows + self.prefill_tokens:
+        if self.verified_guesses:
             raise ValueError(f"step {self.index} verified speculative guesses: its chunks are not recorded")
         return (*((context, 1, True) for context in self.decode_contexts),
                 *((chunk.start, chunk.tokens, chunk.samples) for chunk in self.prefill_chunks))

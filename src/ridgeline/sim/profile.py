@@ -58,7 +58,7 @@ class StepTimer:
         elapsed = time.perf_counter() - start
         if keep and self._plan is not None and self._plan.chunks:
             self.rows.append((self.terms_of(self._plan), elapsed))
-            self.steps.append((tuple((c.start, c.num_tokens, c.samples) for c in self._plan.chunks), elapsed))
+            self.steps.append((tuple(self._plan.step_chunks), elapsed))
 
 
 def measure(config: EngineConfig, grid: Grid, seed: int = 0,

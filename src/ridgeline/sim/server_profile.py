@@ -39,7 +39,7 @@ def cycles(records: list[StepRecord]) -> list[tuple[StepRecord, float]]:
     for step, following in zip(ordered, ordered[1:]):
         if following.index != step.index + 1 or following.after_idle:
             continue
-        if step.tokens != step.decode_rows + step.prefill_tokens:  # verified guesses: its chunks are not known
+        if step.verified_guesses:  # its chunks are not known
             continue
         seconds = (following.timestamp - following.seconds) - (step.timestamp - step.seconds)
         if seconds > 0:

@@ -59,7 +59,7 @@ class TermsOf:
         self.full_layers = shape.num_layers - shape.num_sliding_layers
 
     def __call__(self, plan: SchedulerOutput) -> StepTerms:
-        return self.of_chunks([(chunk.start, chunk.num_tokens, chunk.samples) for chunk in plan.chunks])
+        return self.of_chunks(plan.step_chunks)
 
     def of_record(self, record: StepRecord) -> StepTerms:
         """The same terms for a step the engine recorded (GET /v1/steps): its chunks are kept in the record."""
