@@ -165,6 +165,11 @@ def disaggregated(model: list[str], args: argparse.Namespace) -> dict:
         # ends longer than the second's forward pass is time the engine thread spent elsewhere.
         steps = httpx.get(f"{decode_url}/v1/steps", timeout=60).json()["data"]
         (LOG_DIR / "decode-steps.json").write_text(json.dumps(steps))
+        # Its forward passes' wall time against the engine thread's CPU time in them (one thread): where they spread
+        # alike, the pass's own work varied (the core was slowed, not taken); where wall spreads more, it waited.
+        passes = [s for s in steps if s["cpu_seconds"] is not None]
+        result["decode_forward_ms"] = percentiles_ms([s["seconds"] for s in passes])
+        result["decode_forward_cpu_ms"] = percentiles_ms([s["cpu_seconds"] for s in passes])
         return result
     finally:
         for process in (proxy, prefill, decode):

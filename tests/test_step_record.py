@@ -6,7 +6,7 @@ from server_helpers import tiny_engine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import ScheduledChunk, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
-from ridgeline.engine.step_record import StepRecorder
+from ridgeline.engine.step_record import StepRecord, StepRecorder
 from ridgeline.napkin.hardware import catalogue
 from ridgeline.napkin.model_specs import model_spec
 from ridgeline.napkin.roofline import Roofline
@@ -97,6 +97,10 @@ def test_the_engine_records_every_forward_pass():
     assert steps[0].prefill_tokens == len(prompt)
     assert [s.decode_contexts for s in steps[1:]] == [(len(prompt) + i,) for i in range(5)]
     assert all(s.seconds > 0 and s.flops > 0 for s in steps)
+    # the engine thread's own CPU time in each pass: work, never more than the wall time it took (plus the clocks'
+    # different ticks), and carried to /v1/steps
+    assert all(0 < s.cpu_seconds <= s.seconds + 1e-3 for s in steps)
+    assert StepRecord.from_json(steps[-1].to_json()) == steps[-1]
 
 
 def test_a_decode_row_verifying_guesses_computes_them_but_reads_the_cache_once(roofline):

@@ -153,9 +153,9 @@ class LLMEngine:
     def _run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, list[range]]:
         """One forward pass over the plan's chunks: a logits row per chunk, or per token of chunks that score
         their prompt (prompt logprobs, collected here) or verify guesses. Also returns each chunk's rows."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         logits, counts = self.runner.forward([self._forward_chunk(chunk) for chunk in plan.chunks])
-        self.steps.record(plan, time.perf_counter() - started)
+        self.steps.record(plan, time.perf_counter() - started, time.thread_time() - cpu_started)
         ranges = [range(end - count, end) for end, count in zip(itertools.accumulate(counts), counts)]
         for chunk, rows in zip(plan.chunks, ranges):
             self.output_processor.collect_prompt_logprobs(chunk, logits[rows.start:rows.stop])

@@ -53,6 +53,11 @@ class StepRecord:
     prefill_limit: int | None = None
     itl_target_s: float | None = None
     predicted_s: float | None = None
+    # The calling thread's CPU time in the forward pass. Below `seconds` by what that thread waited: for the GIL
+    # (the server's event loop runs between kernels, which release it) or for a core. With one thread it is the
+    # pass's own work, so a step slower in `seconds` but not here was slowed by something beside it. (With more
+    # threads the kernels' other threads are not counted.)
+    cpu_seconds: float | None = None
 
     @property
     def verified_guesses(self) -> bool:
@@ -74,7 +79,7 @@ class StepRecord:
         return cls(row["index"], row["timestamp"], row["seconds"], row["tokens"], tuple(row["decode_contexts"]),
                    tuple(PrefillChunk(c["start"], c["tokens"], c["samples"]) for c in row["prefill_chunks"]),
                    row["weight_bytes"], row["kv_bytes"], row["flops"], row["after_idle"],
-                   row.get("prefill_limit"), row.get("itl_target_s"), row.get("predicted_s"))
+                   row.get("prefill_limit"), row.get("itl_target_s"), row.get("predicted_s"), row.get("cpu_seconds"))
 
     @property
     def decode_rows(self) -> int:
@@ -134,6 +139,7 @@ class StepRecord:
             "prefill_limit": self.prefill_limit,
             "itl_target_s": self.itl_target_s,
             "predicted_s": self.predicted_s,
+            "cpu_seconds": self.cpu_seconds,
         }
 
 
@@ -152,8 +158,9 @@ class StepRecorder:
         """The engine thread is about to wait for work: the next step does not follow the last back to back."""
         self._idle = True
 
-    def record(self, plan: SchedulerOutput, seconds: float) -> StepRecord:
-        """Cost one forward pass over `plan`'s chunks that took `seconds`, and keep it."""
+    def record(self, plan: SchedulerOutput, seconds: float, cpu_seconds: float | None = None) -> StepRecord:
+        """Cost one forward pass over `plan`'s chunks that took `seconds` (`cpu_seconds` of the calling thread's
+        CPU time), and keep it."""
         shape, kv_dtype = self.shape, self.kv_dtype_bytes
         contexts = []
         prefills = []
@@ -175,7 +182,8 @@ class StepRecorder:
         with self._lock:
             step = StepRecord(self._next_index, time.time(), seconds, tokens, tuple(contexts), tuple(prefills),
                               shape.weight_bytes_read(tokens), kv_bytes, flops, self._idle,
-                              *((budget.prefill_limit, budget.target_s, budget.predicted_s) if budget else ()))
+                              *((budget.prefill_limit, budget.target_s, budget.predicted_s) if budget else
+                                (None, None, None)), cpu_seconds)
             self._idle = False
             self._next_index += 1
             self._steps.append(step)
