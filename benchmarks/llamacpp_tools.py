@@ -1,8 +1,8 @@
-"""llama.cpp's own C++ `llama-server`, for benchmarks that compare ridgeline's server against it.
+"""llama.cpp's own C++ tools, `llama-server` and `llama-bench`, for benchmarks that compare ridgeline against them.
 
-It is compiled once from the llama.cpp vendored in the llama-cpp-python sdist that wrote shared/reference/ (many
+They are compiled once from the llama.cpp vendored in the llama-cpp-python sdist that wrote shared/reference/ (many
 minutes on 2 cores) under the machine-wide CPU lock, into benchmarks/.llamacpp-tools/. Linked statically, so the
-binary alone is kept. `python benchmarks/llamacpp_tools.py` builds it ahead of time and prints its path.
+binaries alone are kept. `python benchmarks/llamacpp_tools.py` builds them ahead of time and prints their paths.
 """
 
 import fcntl
@@ -28,20 +28,35 @@ CMAKE_OPTIONS = [
 ]
 
 
+TOOLS = ("llama-server", "llama-bench")  # built together: one configure, and the second costs little more
+
+
 def llama_server() -> Path:
-    """The `llama-server` binary, building it first if it is missing."""
-    binary = TOOLS_DIR / "bin" / "llama-server"
+    """The `llama-server` binary, building the tools first if it is missing."""
+    return llama_tool("llama-server")
+
+
+def llama_bench() -> Path:
+    """The `llama-bench` binary (llama.cpp's pp/tg figures), building the tools first if it is missing."""
+    return llama_tool("llama-bench")
+
+
+def llama_tool(name: str) -> Path:
+    if name not in TOOLS:
+        raise ValueError(f"{name!r} is not one of the llama.cpp tools built here ({', '.join(TOOLS)})")
+    binary = TOOLS_DIR / "bin" / name
     if binary.exists():
         return binary
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not binary.exists():  # someone else may have built it while we waited
-            _build(binary)
+            _build([tool for tool in TOOLS if not (TOOLS_DIR / "bin" / tool).exists()])
     return binary
 
 
-def _build(binary: Path) -> None:
-    print(f"building llama-server from the {LLAMA_CPP_PYTHON} sdist into {TOOLS_DIR} (takes a while)", file=sys.stderr)
+def _build(tools: list[str]) -> None:
+    print(f"building {', '.join(tools)} from the {LLAMA_CPP_PYTHON} sdist into {TOOLS_DIR} (takes a while)",
+          file=sys.stderr)
     started = time.monotonic()
     TOOLS_DIR.mkdir(exist_ok=True)
     (TOOLS_DIR / ".gitignore").write_text("*\n")
@@ -56,10 +71,11 @@ def _build(binary: Path) -> None:
         build = work / "build"
         subprocess.run([_cmake(), "-S", source, "-B", build, *CMAKE_OPTIONS], check=True)
         jobs = str(os.cpu_count() or 2)
-        subprocess.run([_cmake(), "--build", build, "--target", "llama-server", "-j", jobs], check=True)
-        binary.parent.mkdir(exist_ok=True)
-        shutil.move(build / "bin" / "llama-server", binary)  # the temporary directory may be on another disk
-    print(f"built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        subprocess.run([_cmake(), "--build", build, "--target", *tools, "-j", jobs], check=True)
+        (TOOLS_DIR / "bin").mkdir(exist_ok=True)
+        for tool in tools:  # the temporary directory may be on another disk
+            shutil.move(build / "bin" / tool, TOOLS_DIR / "bin" / tool)
+    print(f"built {', '.join(tools)} in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
 
 def _cmake() -> str:
@@ -69,4 +85,5 @@ def _cmake() -> str:
 
 
 if __name__ == "__main__":
-    print(llama_server())
+    for tool in TOOLS:
+        print(llama_tool(tool))
