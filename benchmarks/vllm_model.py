@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 CACHE_DIR = HERE / ".vllm-model"
 CPU_LOCK = Path("/tmp/ridgeline-cpu.lock")
 STAMP = "ridgeline-source.json"
+CONVERSION_FORMAT = 2  # bump when the conversion changes, so cached directories are redone (2: the BOS token)
 CONVERSION_EXTRAS = ("gguf==0.19.0", "accelerate==1.15.0")  # transformers refuses gguf_file= without accelerate
 
 
@@ -31,7 +32,7 @@ def converted_dir(gguf: Path, cache_dir: Path = CACHE_DIR) -> Path:
 
 
 def source_stamp(gguf: Path) -> dict:
-    return {"gguf": gguf.name, "bytes": gguf.stat().st_size, "dtype": "bfloat16"}
+    return {"gguf": gguf.name, "bytes": gguf.stat().st_size, "dtype": "bfloat16", "format": CONVERSION_FORMAT}
 
 
 def is_converted(out: Path, gguf: Path) -> bool:
@@ -61,10 +62,17 @@ def converted_model(gguf: Path, python: Path, out: Path | None = None) -> Path:
 def convert_here(gguf: Path, out: Path) -> None:
     """The conversion itself, in this interpreter (vLLM's); the stamp goes last, so a cut-short run is redone."""
     import torch
+    from gguf import GGUFReader
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     shutil.rmtree(out, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # transformers 5.19 drops the GGUF's tokenizer.ggml.add_bos_token when it builds Gemma's tokenizer: vLLM then
+    # sends the prompt without <bos> (one token fewer than ridgeline, which follows the GGUF) and Gemma, which
+    # is trained with it, writes degenerate text. Carry the flag over, so both servers see the same tokens.
+    add_bos = GGUFReader(gguf).fields.get("tokenizer.ggml.add_bos_token")
+    if add_bos is not None:
+        tokenizer.add_bos_token = bool(add_bos.contents())
     # transformers 5.19 keeps GGUF weights packed by default, and refuses to save a model loaded that way
     # ("not serializable"); dequantize=True loads a plain dense model instead.
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
