@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 from served_peers import figures, measure, print_table
 from vllm_env import VLLM_CPU, vllm_python
 from vllm_model import converted_model
@@ -100,6 +101,39 @@ def server_env(extra: dict[str, str], base: dict[str, str] = os.environ) -> dict
     return {k: v for k, v in base.items() if not k.startswith("VLLM_") and k != "LD_PRELOAD"} | extra
 
 
+def ridgeline_steps(url: str, since: float) -> dict | str:
+    """Where ridgeline's time went in the measured burst, from its engine's step records (GET /v1/steps)."""
+    try:
+        response = httpx.get(f"{url}/v1/steps", params={"since": since}, timeout=60)
+        response.raise_for_status()
+    except httpx.HTTPError as error:
+        return f"could not read {url}/v1/steps: {error}"
+    return step_breakdown(response.json()["data"])
+
+
+def step_breakdown(steps: list[dict]) -> dict:
+    """Forward-pass time split between steps that prefill (with whatever decode rows ride along) and steps that
+    only decode: a burst's throughput is the sum of the two, and each engine spends it differently."""
+    prefill = [step for step in steps if step["prefill_tokens"] > 0]
+    decode = [step for step in steps if step["prefill_tokens"] == 0]
+    prefill_s, decode_s = sum(step["seconds"] for step in prefill), sum(step["seconds"] for step in decode)
+    prefill_tokens = sum(step["prefill_tokens"] for step in prefill)
+    decode_rows = sum(step["decode_rows"] for step in decode)
+    return {
+        "steps": len(steps),
+        "forward_s": prefill_s + decode_s,
+        "prefill_steps": len(prefill),
+        "prefill_steps_s": prefill_s,
+        "prefill_tokens": prefill_tokens,
+        "decode_rows_in_prefill_steps": sum(step["decode_rows"] for step in prefill),
+        "prefill_tokens_per_s": prefill_tokens / prefill_s if prefill_s else None,
+        "decode_only_steps": len(decode),
+        "decode_only_s": decode_s,
+        "decode_only_mean_batch": decode_rows / len(decode) if decode else None,
+        "decode_only_mean_step_ms": 1e3 * decode_s / len(decode) if decode else None,
+    }
+
+
 def ratios(results: dict[str, dict]) -> dict[str, float]:
     """ridgeline's output tok/s over each vLLM setting's."""
     ours = results.get("ridgeline")
@@ -172,18 +206,19 @@ def main() -> None:
         started = time.time()
         for name in engines:
             if name == "ridgeline":
-                command, env, ready, timeout = ridgeline_command(gguf, free_port()), server_env({}), "/health", 600
+                command, env, timeout = ridgeline_command(gguf, free_port()), server_env({}), 600
+                inspect = ridgeline_steps
             else:
                 setting = tuned if name == "vllm-tuned" else None
                 command = vllm_command(python, model_dir, free_port(), setting)
-                env, ready, timeout = server_env(setting["env"] if setting else {}), "/health", VLLM_READY_TIMEOUT_S
+                env, timeout, inspect = server_env(setting["env"] if setting else {}), VLLM_READY_TIMEOUT_S, None
             print(f"{name}: {' '.join(command)}", file=sys.stderr)
             begin = time.monotonic()
             settings[name] = {"command": command, "env": {k: v for k, v in env.items()
                                                           if k.startswith("VLLM_") or k == "LD_PRELOAD"}}
             try:
-                level = measure(name, command, ready, args, env=env, ready_timeout_s=timeout,
-                                on_done=keep_text(name))
+                level = measure(name, command, "/health", args, env=env, ready_timeout_s=timeout,
+                                on_done=keep_text(name), inspect=inspect)
             except RuntimeError as error:  # a server that does not start: say so, and measure the others
                 settings[name]["failed_to_start"] = str(error)
                 print(f"{name}: {error}", file=sys.stderr)
@@ -192,6 +227,8 @@ def main() -> None:
             settings[name] |= {"wall_s_with_start_up": time.monotonic() - begin,
                                "full_length": full_length(results[name], args.concurrency, args.output_len),
                                "errors": level["errors"]}
+            if "inspected" in level:
+                settings[name]["steps"] = level["inspected"]
     report = {
         "burst": {"requests": args.concurrency, "input_words": args.input_len, "output_tokens": args.output_len,
                   "greedy": True, "ignore_eos": True},
@@ -210,6 +247,13 @@ def main() -> None:
     print(f"{gguf.name}: a burst of {args.concurrency} requests, {args.input_len}-word prompts, "
           f"{args.output_len} tokens out")
     print_table(results, ROWS)
+    steps = settings.get("ridgeline", {}).get("steps")
+    if isinstance(steps, dict) and steps["steps"]:
+        print(f"ridgeline's forward passes: {steps['prefill_steps_s']:.2f} s in {steps['prefill_steps']} steps that "
+              f"prefill ({steps['prefill_tokens']} tokens, {steps['prefill_tokens_per_s']:.0f} tok/s with "
+              f"{steps['decode_rows_in_prefill_steps']} decode rows alongside), {steps['decode_only_s']:.2f} s in "
+              f"{steps['decode_only_steps']} decode-only steps (mean batch {steps['decode_only_mean_batch'] or 0:.1f}, "
+              f"{steps['decode_only_mean_step_ms'] or 0:.1f} ms each)")
     for name, ratio in report["throughput_ratios"].items():
         print(f"ridgeline {name.replace('_', ' ')}: {ratio:.2f}x (target {THROUGHPUT_TARGET}x: "
               f"{'met' if ratio >= THROUGHPUT_TARGET else 'missed'})")

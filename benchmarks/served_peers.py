@@ -26,11 +26,14 @@ DEFAULT_ROWS = (
 
 def measure(name: str, command: list[str], ready_path: str, args: argparse.Namespace,
             env: dict[str, str] | None = None, ready_timeout_s: float = 300,
-            on_done: Callable[[RequestResult], None] = lambda result: None) -> dict:
+            on_done: Callable[[RequestResult], None] = lambda result: None,
+            inspect: Callable[[str, float], object] | None = None) -> dict:
     """Start a server, wait until it answers, warm it up, load it, stop it; the load level's summary.
 
     `args` carries the load: concurrency, num_prompts, input_len, output_len, max_seconds, and log_dir for the
-    server's log. `env` is the server's whole environment (None: this process's)."""
+    server's log. `env` is the server's whole environment (None: this process's). `inspect(url, load_started_at)`,
+    if given, asks the server about the measured load before it is stopped; its answer is the summary's
+    "inspected"."""
     port = int(command[command.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
     log = open(Path(args.log_dir) / f"{name}.log", "w")
@@ -43,7 +46,11 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
         bench_serve(warm_up, [level])
         config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
                                   output_len=args.output_len, max_seconds=args.max_seconds)
-        return bench_serve(config, [level], on_done)["levels"][0]
+        result = bench_serve(config, [level], on_done)
+        summary = result["levels"][0]
+        if inspect is not None:
+            summary["inspected"] = inspect(url, result["started_at"])
+        return summary
     finally:
         server.send_signal(signal.SIGTERM)
         try:

@@ -3,6 +3,7 @@ environments the servers get, where torch's CPU build comes from, the conversion
 full-length check. Nothing here needs vLLM's environment or starts a server."""
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -87,7 +88,27 @@ def test_conversion_stamp(bench, tmp_path):
     assert out == tmp_path / "cache" / "model-q4-bf16"
     assert not vllm_model.is_converted(out, gguf)
     out.mkdir(parents=True)
-    (out / vllm_model.STAMP).write_text('{"gguf": "model-q4.gguf", "bytes": 64, "dtype": "bfloat16"}')
+    stamp = {"gguf": "model-q4.gguf", "bytes": 64, "dtype": "bfloat16", "format": vllm_model.CONVERSION_FORMAT}
+    (out / vllm_model.STAMP).write_text(json.dumps(stamp))
     assert vllm_model.is_converted(out, gguf)
+    (out / vllm_model.STAMP).write_text(json.dumps(stamp | {"format": vllm_model.CONVERSION_FORMAT - 1}))
+    assert not vllm_model.is_converted(out, gguf)  # an older conversion (without the BOS fix) is redone
+    (out / vllm_model.STAMP).write_text(json.dumps(stamp))
     gguf.write_bytes(b"GGUF" + bytes(61))  # another file under the same name: convert again
     assert not vllm_model.is_converted(out, gguf)
+
+
+def test_step_breakdown_splits_prefill_from_decode_only_steps(bench):
+    def step(seconds, prefill_tokens, decode_rows):
+        return {"seconds": seconds, "prefill_tokens": prefill_tokens, "decode_rows": decode_rows}
+
+    steps = [step(1.0, 2048, 0), step(1.5, 1500, 4), step(0.1, 0, 32), step(0.3, 0, 32)]
+    breakdown = bench.step_breakdown(steps)
+    assert breakdown["steps"] == 4 and breakdown["prefill_steps"] == 2 and breakdown["decode_only_steps"] == 2
+    assert breakdown["prefill_steps_s"] == pytest.approx(2.5) and breakdown["decode_only_s"] == pytest.approx(0.4)
+    assert breakdown["forward_s"] == pytest.approx(2.9)
+    assert breakdown["prefill_tokens"] == 3548 and breakdown["decode_rows_in_prefill_steps"] == 4
+    assert breakdown["prefill_tokens_per_s"] == pytest.approx(3548 / 2.5)
+    assert breakdown["decode_only_mean_batch"] == 32 and breakdown["decode_only_mean_step_ms"] == pytest.approx(200)
+    empty = bench.step_breakdown([])
+    assert empty["steps"] == 0 and empty["prefill_tokens_per_s"] is None and empty["decode_only_mean_batch"] is None
