@@ -16,6 +16,7 @@ from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.checkpoint import Checkpoint
 from ridgeline.model.kv_groups import layer_groups
 from ridgeline.model.layers.attention import PagedAttention
+from ridgeline.model.layers.decode_layer import FusedDecodeLayer, fuse_layer
 from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import WEIGHT_FORMATS, PhaseAwareLinear, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
@@ -48,8 +49,23 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn_norm, self.attention, self.post_attn_norm = attn_norm, attention, post_attn_norm
         self.ffn_norm, self.mlp, self.post_ffn_norm = ffn_norm, mlp, post_ffn_norm
+        self._fused: FusedDecodeLayer | None | bool = False  # False: not looked for yet
+
+    def fused(self) -> FusedDecodeLayer | None:
+        """The layer as one compiled call (layers/decode_layer.py), made on first use: None where it cannot be."""
+        if self._fused is False:
+            self._fused = fuse_layer(self.attn_norm, self.attention, self.post_attn_norm, self.ffn_norm, self.mlp,
+                                     self.post_ffn_norm)
+        return self._fused
+
+    def _apply(self, fn, recurse=True):
+        self._fused = False  # it holds the weights' tensors: moved or cast, they are new ones
+        return super()._apply(fn, recurse)
 
     def forward(self, h, rope, batch, cache):
+        fused = self.fused()
+        if fused is not None and fused.fits(h, batch.row_paths):
+            return fused(h, rope, batch, cache)
         attended = self.attention(self.attn_norm(h), rope, batch, cache)
         h = h + attended if self.post_attn_norm is None else self.post_attn_norm(attended, residual=h)
         mixed = self.mlp(self.ffn_norm(h), batch.row_paths)
