@@ -24,8 +24,12 @@ from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import DenseLinear, PhaseAwareLinear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
+from ridgeline.model.transformer import DecoderLayer
 
 MODEL = "model (glue: rope tables, residual adds, Python)"
+# A layer that runs as one compiled call (model/layers/decode_layer.py) is one part: its matmuls, norms and
+# attention are not separate calls to time. On the module path this part is what a layer adds around its modules.
+LAYERS = "decoder layers (compiled calls; on modules: residual adds)"
 OUTSIDE = "outside the model (schedule, sample, detokenise, batch metadata)"
 # The role of a matmul, from the last parts of its module name (SharedInputLinear stacks q/k/v and gate/up).
 ROLES = {"qkv": "q/k/v", "o": "o", "gate_up": "gate/up", "down": "down", "lm_head": "LM head"}
@@ -84,6 +88,8 @@ def profiled_parts(model: nn.Module) -> dict[nn.Module, tuple[str, int]]:
             parts[module] = ("gated activation", 0)
         elif isinstance(module, RMSNorm):
             parts[module] = ("RMS norms (+ residual adds)", 0)
+        elif isinstance(module, DecoderLayer):
+            parts[module] = (LAYERS, 0)
         elif isinstance(module, TokenEmbedding):
             parts[module] = ("embedding lookup", 0)
     return parts
@@ -151,6 +157,8 @@ def format_profile(profile: StepProfile, bandwidth: float, title: str) -> str:
     lines = [title,
              f"{'part':62} {'calls':>5} {'ms':>7} {'share':>6} {'MB read':>8} {'GB/s':>6} {'% of bw':>7}"]
     for name, part in sorted(parts.items(), key=lambda item: -item[1].seconds):
+        if not part.calls:
+            continue  # a part the step's path never called (the ops inside a compiled layer)
         row = f"{name:62} {part.calls:5} {part.seconds * 1e3:7.3f} {part.seconds / total:6.1%}"
         if part.weight_bytes:
             row += f" {part.weight_bytes / 1e6:8.2f} {part.gb_per_s:6.1f} {part.gb_per_s * 1e9 / bandwidth:7.0%}"
