@@ -15,10 +15,10 @@ from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.layers import decode_layer
-from ridgeline.model.layers.decode_layer import FusedDecodeLayer
+from ridgeline.model.layers.decode_layer import FusedDecodeLayer, FusedDecodeStack
 from ridgeline.model.quant.quantize_file import quantize_gguf
 from ridgeline.model.row_paths import RowPaths
-from ridgeline.model.transformer import ModelOptions
+from ridgeline.model.transformer import ModelOptions, Transformer
 
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128, 1, 2, 77, 380, 19, 23, 200, 8]
 # Each architecture in a block-32 format (K-quants need rows of 256, wider than these models): llama without
@@ -51,17 +51,30 @@ def runner_for(path, cache_dtype: str = "bf16", weights: str = "quantized"):
 
 
 class Counting:
-    """Counts calls of the compiled layer while active."""
+    """Counts layers run by compiled calls while active: one per layer call, a stack call's layers."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        original = FusedDecodeLayer.__call__
+        layer_call, stack_forward = FusedDecodeLayer.__call__, FusedDecodeStack.forward
 
-        def counted(layer, *args):
+        def layer(fused, *args):
             self.calls += 1
-            return original(layer, *args)
+            return layer_call(fused, *args)
 
-        monkeypatch.setattr(FusedDecodeLayer, "__call__", counted)
+        def stack(fused, *args):
+            self.calls += len(fused.layers)
+            return stack_forward(fused, *args)
+
+        monkeypatch.setattr(FusedDecodeLayer, "__call__", layer)
+        monkeypatch.setattr(FusedDecodeStack, "forward", stack)
+
+
+def use_path(monkeypatch, path: str) -> None:
+    """"stack": every layer in one compiled call; "layers": one compiled call per layer; "modules": none."""
+    if path == "layers":
+        monkeypatch.setattr(Transformer, "fused_stack", lambda model: None)
+    if path == "modules":
+        monkeypatch.setattr(decode_layer, "enabled", False)
 
 
 def two_sequences(runner, prompt_b: list[int], decode_steps: int = 4, with_b: bool = True) -> list[torch.Tensor]:
@@ -86,19 +99,22 @@ def assert_same_bits(actual: list[torch.Tensor], expected: list[torch.Tensor]) -
 
 
 @needs_compiled
+@pytest.mark.parametrize("path", ["stack", "layers"])
 @pytest.mark.parametrize("cache_dtype", ["bf16", "q8_0"])
-def test_fused_steps_give_the_module_paths_bits(tiny_quantized, cache_dtype, monkeypatch):
-    fused_runner = runner_for(tiny_quantized, cache_dtype)
-    counting = Counting(monkeypatch)
-    fused = two_sequences(fused_runner, PROMPT[::-1][:9])
-    layers = len(fused_runner.model.layers)
-    assert counting.calls >= 4 * layers  # every decode step went through the compiled layers
+def test_fused_steps_give_the_module_paths_bits(tiny_quantized, cache_dtype, path, monkeypatch):
+    with monkeypatch.context() as patch:
+        use_path(patch, path)
+        fused_runner = runner_for(tiny_quantized, cache_dtype)
+        counting = Counting(patch)
+        fused = two_sequences(fused_runner, PROMPT[::-1][:9])
+        layers = len(fused_runner.model.layers)
+        assert counting.calls >= 4 * layers  # every decode step went through the compiled layers
 
-    monkeypatch.setattr(decode_layer, "enabled", False)
+    use_path(monkeypatch, "modules")
+    counting = Counting(monkeypatch)
     module_runner = runner_for(tiny_quantized, cache_dtype)
-    calls = counting.calls
     assert_same_bits(fused, two_sequences(module_runner, PROMPT[::-1][:9]))
-    assert counting.calls == calls
+    assert counting.calls == 0
     for written, expected in zip(fused_runner.kv_cache.tensors, module_runner.kv_cache.tensors):
         assert torch.equal(written, expected)
 
@@ -154,8 +170,17 @@ def test_steps_the_fused_layer_does_not_take(tiny_quantized, monkeypatch):
     assert not fused.fits(h, decode_rows)
 
 
-def test_moving_the_model_drops_the_fused_layer(tiny_quantized):
-    layer = runner_for(tiny_quantized).model.layers[0]
-    layer.fused()
-    layer.float()  # any _apply: the weights' tensors may be new ones
-    assert layer._fused is False
+def test_moving_the_model_drops_the_fused_layers(tiny_quantized):
+    model = runner_for(tiny_quantized).model
+    model.fused_stack()
+    model.float()  # any _apply: the weights' tensors may be new ones
+    assert model._stack is False and all(layer._fused is False for layer in model.layers)
+
+
+@needs_compiled
+def test_a_new_cache_list_is_unpacked_again(tiny_quantized):
+    runner = runner_for(tiny_quantized)
+    stack = runner.model.fused_stack()
+    assert stack._pages(runner.cache_layers) is stack._pages(list(runner.cache_layers))  # the same caches
+    other = runner_for(tiny_quantized).cache_layers
+    assert stack._pages(other)[0][0] is other[0][0]

@@ -24,11 +24,12 @@ from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import DenseLinear, PhaseAwareLinear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
-from ridgeline.model.transformer import DecoderLayer
+from ridgeline.model.transformer import DecoderLayer, Transformer
 
 MODEL = "model (glue: rope tables, residual adds, Python)"
-# A layer that runs as one compiled call (model/layers/decode_layer.py) is one part: its matmuls, norms and
-# attention are not separate calls to time. On the module path this part is what a layer adds around its modules.
+# Layers that run as compiled calls (model/layers/decode_layer.py: one per step, or one per layer) are one part:
+# their matmuls, norms and attention are not separate calls to time. On the module path this part is what each
+# layer adds around its modules.
 LAYERS = "decoder layers (compiled calls; on modules: residual adds)"
 OUTSIDE = "outside the model (schedule, sample, detokenise, batch metadata)"
 # The role of a matmul, from the last parts of its module name (SharedInputLinear stacks q/k/v and gate/up).
@@ -79,6 +80,9 @@ def matmul_name(name: str, module: nn.Module) -> str:
 def profiled_parts(model: nn.Module) -> dict[nn.Module, tuple[str, int]]:
     """The modules a profile times: name of the part each belongs to and the weight bytes a call reads."""
     parts: dict[nn.Module, tuple[str, int]] = {model: (MODEL, 0)}
+    stack = model.fused_stack() if isinstance(model, Transformer) else None
+    if stack is not None:  # all layers in one compiled call: what it takes is the layers' time (not a module)
+        parts[stack] = (LAYERS, 0)
     for name, module in model.named_modules():
         if isinstance(module, (PhaseAwareLinear, DenseLinear)):
             parts[module] = (matmul_name(name, module), matmul_bytes(module))

@@ -9,6 +9,7 @@ namespace {
 
 namespace py = pybind11;
 using ridgeline::DecodeLayer;
+using ridgeline::DecodeStack;
 
 // (qtype, rows, [quants, high, d, dmin, sc, m], bias or an empty tensor): tuples, not a bound class, since a
 // layer is described once, at load (model/layers/decode_layer.py).
@@ -31,7 +32,7 @@ ridgeline::SharedInput shared(const std::vector<LinearSpec>& specs, const Slices
 }
 
 void bind_decode_layer(py::module_& module) {
-    py::class_<DecodeLayer>(module, "DecodeLayer", "A decoder layer's kernels in one call (decode_layer.h)")
+    py::class_<DecodeLayer, std::shared_ptr<DecodeLayer>>(module, "DecodeLayer", "A decoder layer's kernels in one call (decode_layer.h)")
         .def(py::init([](const std::vector<torch::Tensor>& norms, double eps, const std::vector<LinearSpec>& qkv,
                          const Slices& qkv_outputs, const LinearSpec& o, const std::vector<LinearSpec>& gate_up,
                          const Slices& gate_up_outputs, const LinearSpec& down, bool gelu, int64_t heads,
@@ -51,6 +52,20 @@ void bind_decode_layer(py::module_& module) {
                                           key_begin, key_end, block_size});
              },
              "h [tokens, hidden] through the layer; K and V of the new tokens written to the cache",
+             py::call_guard<py::gil_scoped_release>());
+    py::class_<DecodeStack>(module, "DecodeStack", "Every decoder layer in one call (decode_layer.h)")
+        .def(py::init<std::vector<std::shared_ptr<DecodeLayer>>, std::vector<int64_t>, std::vector<int64_t>>())
+        .def("forward",
+             [](const DecodeStack& stack, const torch::Tensor& h,
+                std::vector<std::pair<torch::Tensor, torch::Tensor>> ropes,
+                std::vector<std::vector<torch::Tensor>> caches, std::vector<torch::Tensor> slots,
+                std::vector<torch::Tensor> block_tables, std::vector<torch::Tensor> key_begin, torch::Tensor row_seq,
+                torch::Tensor key_end, int64_t block_size) {
+                 TORCH_CHECK(h.dim() == 2 && h.is_contiguous(), "DecodeStack: h must be a contiguous [tokens, hidden]");
+                 return stack.forward(h, {std::move(ropes), std::move(caches), std::move(slots), std::move(block_tables),
+                                          std::move(key_begin), std::move(row_seq), std::move(key_end), block_size});
+             },
+             "h [tokens, hidden] through every layer; K and V of the new tokens written to each layer's cache",
              py::call_guard<py::gil_scoped_release>());
 }
 

@@ -52,4 +52,25 @@ torch::Tensor DecodeLayer::forward(const torch::Tensor& h, const LayerStep& step
     return add_residual(mixed, norms_.post_ffn, after_attention);
 }
 
+DecodeStack::DecodeStack(std::vector<std::shared_ptr<DecodeLayer>> layers, std::vector<int64_t> rope_of_layer,
+                         std::vector<int64_t> group_of_layer)
+    : layers_(std::move(layers)), rope_of_layer_(std::move(rope_of_layer)), group_of_layer_(std::move(group_of_layer)) {
+    TORCH_CHECK(rope_of_layer_.size() == layers_.size() && group_of_layer_.size() == layers_.size(),
+                "DecodeStack: one rope kind and one layer group per layer");
+}
+
+torch::Tensor DecodeStack::forward(torch::Tensor h, const StackStep& step) const {
+    TORCH_CHECK(step.caches.size() == layers_.size(), "DecodeStack: one cache per layer");
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const auto& [cos, sin] = step.ropes.at(rope_of_layer_[i]);
+        const auto& cache = step.caches[i];
+        TORCH_CHECK(cache.size() == 4, "DecodeStack: a layer's cache is k_cache, k_scales, v_cache, v_scales");
+        const auto group = static_cast<size_t>(group_of_layer_[i]);
+        h = layers_[i]->forward(h, {cos, sin, cache[0], cache[1], cache[2], cache[3], step.slots.at(group),
+                                    step.block_tables.at(group), step.row_seq, step.key_begin.at(group), step.key_end,
+                                    step.block_size});
+    }
+    return h;
+}
+
 }  // namespace ridgeline

@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -65,6 +66,28 @@ private:
     int64_t heads_;
     double scale_;
     torch::Tensor sinks_;
+};
+
+// Every layer of the model in one call: one crossing from Python per step instead of one per layer. A layer
+// reads the rope of its kind (global or sliding) and its layer group's slots, tables and key ranges.
+struct StackStep {
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> ropes;  // (cos, sin) per kind of rope
+    std::vector<std::vector<torch::Tensor>> caches;               // per layer: k_cache, k_scales, v_cache, v_scales
+    std::vector<torch::Tensor> slots, block_tables, key_begin;    // per layer group
+    torch::Tensor row_seq, key_end;
+    int64_t block_size;
+};
+
+class DecodeStack {
+public:
+    DecodeStack(std::vector<std::shared_ptr<DecodeLayer>> layers, std::vector<int64_t> rope_of_layer,
+                std::vector<int64_t> group_of_layer);
+
+    torch::Tensor forward(torch::Tensor h, const StackStep& step) const;
+
+private:
+    std::vector<std::shared_ptr<DecodeLayer>> layers_;
+    std::vector<int64_t> rope_of_layer_, group_of_layer_;
 };
 
 }  // namespace ridgeline

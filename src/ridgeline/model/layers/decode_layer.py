@@ -8,6 +8,8 @@ both). The modules stay the definition and the fallback: off the CPU, without th
 experts, dense weights, an activation the kernels lack, or a step whose prompt rows take the GEMM path.
 """
 
+from operator import is_
+
 import torch
 from torch import nn
 
@@ -24,19 +26,23 @@ from ridgeline.model.row_paths import RowPaths
 enabled = True
 
 
+def step_fits(h: torch.Tensor, paths: RowPaths, prompt_rows_fit: bool) -> bool:
+    """Whether a step's activations may take the compiled calls: fp32 on the CPU, and every row on the int8 kernel
+    (`prompt_rows_fit`: no linear has prompt rows take the GEMM; else only steps of generated rows fit)."""
+    if not enabled or h.dtype is not torch.float32 or h.device.type != "cpu":
+        return False
+    return prompt_rows_fit or (paths.compute_rows is None and not paths.all_compute)
+
+
 class FusedDecodeLayer:
     """The compiled layer and what a step must satisfy to take it."""
 
     def __init__(self, kernel, group: int, prompt_rows_fit: bool):
         self.kernel, self.group = kernel, group
-        # Whether prompt rows take the int8 kernel too (no linear of the layer has them take the GEMM): then any
-        # step fits, else only steps of generated rows.
         self.prompt_rows_fit = prompt_rows_fit
 
     def fits(self, h: torch.Tensor, paths: RowPaths) -> bool:
-        if not enabled or h.dtype is not torch.float32 or h.device.type != "cpu":
-            return False
-        return self.prompt_rows_fit or (paths.compute_rows is None and not paths.all_compute)
+        return step_fits(h, paths, self.prompt_rows_fit)
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch,
                  cache: tuple[KVSlots, KVSlots]) -> torch.Tensor:
@@ -80,3 +86,36 @@ def _spec(linear: PhaseAwareLinear) -> tuple:
     """A linear as the kernel takes it: (GGML type, output rows, packed planes, bias or an empty tensor)."""
     layer = linear.quantized
     return int(layer.qtype), layer.out_features, list(layer.weight.planes), NO_TENSOR if layer.bias is None else layer.bias
+
+
+class FusedDecodeStack:
+    """Every layer's compiled call in one call of the kernels (csrc/decode_layer.h's DecodeStack): one crossing
+    from Python per step instead of one per layer. Taken when every layer has a compiled call and the step fits
+    them all."""
+
+    def __init__(self, layers: list[FusedDecodeLayer], sliding: list[bool]):
+        self.layers = layers
+        self.kernel = compiled().DecodeStack([layer.kernel for layer in layers], [int(s) for s in sliding],
+                                             [layer.group for layer in layers])
+        self.prompt_rows_fit = all(layer.prompt_rows_fit for layer in layers)
+        self._caches: tuple[list, list[list[torch.Tensor]]] | None = None  # (each layer's caches, their pages)
+
+    def fits(self, h: torch.Tensor, paths: RowPaths) -> bool:
+        return step_fits(h, paths, self.prompt_rows_fit)
+
+    def __call__(self, *args) -> torch.Tensor:
+        return self.forward(*args)  # (an instance's forward can be wrapped, as a module's is, by the step profiler)
+
+    def forward(self, h: torch.Tensor, rope_global: tuple[torch.Tensor, torch.Tensor],
+                rope_local: tuple[torch.Tensor, torch.Tensor], batch: AttentionBatch,
+                kv_cache: list[tuple[KVSlots, KVSlots]]) -> torch.Tensor:
+        groups = batch.groups
+        return self.kernel.forward(h.contiguous(), [rope_global, rope_local], self._pages(kv_cache),
+                                   [g.slot_mapping for g in groups], [g.block_tables for g in groups],
+                                   [g.key_begin for g in groups], batch.row_seq, batch.key_end, batch.block_size)
+
+    def _pages(self, kv_cache: list[tuple[KVSlots, KVSlots]]) -> list[list[torch.Tensor]]:
+        # A runner hands the same list of caches every step: unpack its pages once, not 18 layers' worth per step.
+        if self._caches is None or len(self._caches[0]) != len(kv_cache) or not all(map(is_, self._caches[0], kv_cache)):
+            self._caches = list(kv_cache), [[*kernel_pages(k), *kernel_pages(v)] for k, v in kv_cache]
+        return self._caches[1]
