@@ -130,6 +130,7 @@ def test_a_rows_bits_through_the_fused_layers_do_not_depend_on_its_batch(tiny_qu
         assert torch.equal(batched[2 + 2 * step], alone[1 + step])
 
 
+@pytest.mark.slow
 @needs_compiled
 def test_the_default_model_steps_give_the_module_paths_bits(monkeypatch):
     """Real shapes and formats: Q4_K, Q5_0, Q6_K and Q8_0 matmuls, 4 query heads on one KV head of 256."""
