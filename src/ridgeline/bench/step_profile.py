@@ -7,6 +7,10 @@ building the batch's metadata). Matmuls are keyed by role (q/k/v, o, gate/up, do
 with the bytes of weight each call streams, so time per part sets beside bandwidth reached:
 GB/s = weight bytes read / time in the kernel call (its Python wrapper included, as a step pays it).
 
+Where the layers run as compiled calls (model/layers/decode_layer.py) their matmuls, norms and attention are not
+Python calls at all: the layers are then one part, and decode_step_profile.py --modules runs them module by module
+(the same bits) to time each op on its own.
+
 The wrappers cost ~1 µs a call (about 130 calls in a batch-1 step of Gemma 3 270M): the profiled step is that
 much slower than an unprofiled one, and the report says by how much.
 """
