@@ -1,6 +1,6 @@
 """Where the time of a batch-1 decode step goes: kernel time per part against the bandwidth each matmul reached.
 
-    .venv/bin/python benchmarks/decode_step_profile.py [--threads 2] [--steps 64] [--rows 1,4,9] [--json FILE]
+    .venv/bin/python benchmarks/decode_step_profile.py [--threads 2] [--steps 64] [--rows 1,4,9] [--json FILE] [--modules]
 
 One greedy request on the engine (the bundled default model unless --model), `--steps` decode steps timed by part
 (src/ridgeline/bench/step_profile.py: each module's forward wrapped, exclusive times): every matmul by role and
@@ -8,6 +8,8 @@ storage format with the weight bytes a call streams and the GB/s that makes, att
 model, and everything outside it. Beside it the read bandwidth measured in the same run (a STREAM-like sum,
 bench/measure.py). `--rows`: also bare forward passes of that many generated-token rows with logits for each,
 the shape of a speculative verification step (1 + K rows), to see what the extra rows cost and where.
+A layer that runs as one compiled call (model/layers/decode_layer.py) is one part; `--modules` runs every layer
+module by module instead (the same bits, slower), so that each op is timed on its own.
 Runs under /tmp/ridgeline-cpu.lock.
 """
 
@@ -25,6 +27,7 @@ from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.model.attention_batch import ForwardChunk
+from ridgeline.model.layers import decode_layer
 
 from llamacpp_env import CPU_LOCK  # noqa: E402 - the one lock every benchmark takes
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
@@ -71,7 +74,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rows", default="", help="also profile bare forward passes of these row counts, e.g. 1,4,9")
     parser.add_argument("--json", default=None, help="write the per-step parts here")
+    parser.add_argument("--modules", action="store_true",
+                        help="run each layer module by module (no compiled layer calls): time every op on its own")
     args = parser.parse_args()
+    decode_layer.enabled = not args.modules
 
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -83,7 +89,8 @@ def main() -> None:
         for rows in [int(r) for r in args.rows.split(",") if r]:
             profiles[f"forward pass, {rows} generated rows with logits"] = profile_rows(llm, rows, args.steps)
 
-    print(f"{llm.model_name}, {torch.get_num_threads()} threads, {args.steps} steps each, "
+    path = "module by module" if args.modules else "compiled layer calls where they fit"
+    print(f"{llm.model_name}, {torch.get_num_threads()} threads, {args.steps} steps each, {path}, "
           f"{started:%Y-%m-%d %H:%M %Z}; ms are means per step")
     for title, profile in profiles.items():
         print()

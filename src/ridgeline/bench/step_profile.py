@@ -7,6 +7,10 @@ building the batch's metadata). Matmuls are keyed by role (q/k/v, o, gate/up, do
 with the bytes of weight each call streams, so time per part sets beside bandwidth reached:
 GB/s = weight bytes read / time in the kernel call (its Python wrapper included, as a step pays it).
 
+Where the layers run as compiled calls (model/layers/decode_layer.py) their matmuls, norms and attention are not
+Python calls at all: the layers are then one part, and decode_step_profile.py --modules runs them module by module
+(the same bits) to time each op on its own.
+
 The wrappers cost ~1 µs a call (about 130 calls in a batch-1 step of Gemma 3 270M): the profiled step is that
 much slower than an unprofiled one, and the report says by how much.
 """
@@ -24,8 +28,13 @@ from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import DenseLinear, PhaseAwareLinear
 from ridgeline.model.layers.mlp import GatedMLP
 from ridgeline.model.layers.norm import RMSNorm
+from ridgeline.model.transformer import DecoderLayer, Transformer
 
 MODEL = "model (glue: rope tables, residual adds, Python)"
+# Layers that run as compiled calls (model/layers/decode_layer.py: one per step, or one per layer) are one part:
+# their matmuls, norms and attention are not separate calls to time. On the module path this part is what each
+# layer adds around its modules.
+LAYERS = "decoder layers (compiled calls; on modules: residual adds)"
 OUTSIDE = "outside the model (schedule, sample, detokenise, batch metadata)"
 # The role of a matmul, from the last parts of its module name (SharedInputLinear stacks q/k/v and gate/up).
 ROLES = {"qkv": "q/k/v", "o": "o", "gate_up": "gate/up", "down": "down", "lm_head": "LM head"}
@@ -75,6 +84,9 @@ def matmul_name(name: str, module: nn.Module) -> str:
 def profiled_parts(model: nn.Module) -> dict[nn.Module, tuple[str, int]]:
     """The modules a profile times: name of the part each belongs to and the weight bytes a call reads."""
     parts: dict[nn.Module, tuple[str, int]] = {model: (MODEL, 0)}
+    stack = model.fused_stack() if isinstance(model, Transformer) else None
+    if stack is not None:  # all layers in one compiled call: what it takes is the layers' time (not a module)
+        parts[stack] = (LAYERS, 0)
     for name, module in model.named_modules():
         if isinstance(module, (PhaseAwareLinear, DenseLinear)):
             parts[module] = (matmul_name(name, module), matmul_bytes(module))
@@ -84,6 +96,8 @@ def profiled_parts(model: nn.Module) -> dict[nn.Module, tuple[str, int]]:
             parts[module] = ("gated activation", 0)
         elif isinstance(module, RMSNorm):
             parts[module] = ("RMS norms (+ residual adds)", 0)
+        elif isinstance(module, DecoderLayer):
+            parts[module] = (LAYERS, 0)
         elif isinstance(module, TokenEmbedding):
             parts[module] = ("embedding lookup", 0)
     return parts
@@ -151,6 +165,8 @@ def format_profile(profile: StepProfile, bandwidth: float, title: str) -> str:
     lines = [title,
              f"{'part':62} {'calls':>5} {'ms':>7} {'share':>6} {'MB read':>8} {'GB/s':>6} {'% of bw':>7}"]
     for name, part in sorted(parts.items(), key=lambda item: -item[1].seconds):
+        if not part.calls:
+            continue  # a part the step's path never called (the ops inside a compiled layer)
         row = f"{name:62} {part.calls:5} {part.seconds * 1e3:7.3f} {part.seconds / total:6.1%}"
         if part.weight_bytes:
             row += f" {part.weight_bytes / 1e6:8.2f} {part.gb_per_s:6.1f} {part.gb_per_s * 1e9 / bandwidth:7.0%}"

@@ -300,15 +300,34 @@ inline __mmask16 valid_rows(int64_t rows, int64_t block) {
     return left >= kRows ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
 }
 
+// Each plane's first block and its row stride: a block's pointers by arithmetic alone, not data_ptr() per plane
+// and block (which showed in profiles of batch-1 steps).
+struct PlaneWalk {
+    Block first;
+    int64_t quants, high, d, dmin, sc, m;
+
+    explicit PlaneWalk(const Planes& p)
+        : first(p.block(0)), quants(p.quants.stride(0)), high(p.high.numel() ? p.high.stride(0) : 0),
+          d(p.d.numel() ? p.d.stride(0) : 0), dmin(p.dmin.numel() ? p.dmin.stride(0) : 0),
+          sc(p.sc.numel() ? p.sc.stride(0) : 0), m(p.m.numel() ? p.m.stride(0) : 0) {}
+
+    Block block(int64_t b) const {
+        auto at = [b](auto* base, int64_t stride) { return base ? base + b * stride : base; };
+        return {at(first.quants, quants), at(first.high, high), at(first.d, d),
+                at(first.dmin, dmin),     at(first.sc, sc),     at(first.m, m)};
+    }
+};
+
 template <int QT>
 void gemv_typed(const Planes& planes, const std::vector<QuantizedActivation>& x, float* out, int64_t rows, int64_t k) {
     const int64_t m_total = static_cast<int64_t>(x.size());
     const int64_t blocks = planes.quants.size(0), groups = k / (4 * group_steps<QT>());
     const int64_t bytes_per_block = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
     const int64_t grain = std::max<int64_t>(1, (32 << 10) / bytes_per_block);
+    const PlaneWalk walk(planes);
     ridgeline::parallel_chunks(blocks, grain, [&](int64_t begin, int64_t end) {
         for (int64_t block = begin; block < end; ++block) {
-            const Block w = planes.block(block);
+            const Block w = walk.block(block);
             for (int64_t m0 = 0; m0 < m_total; m0 += kMaxTile) {
                 const int tile = static_cast<int>(std::min<int64_t>(kMaxTile, m_total - m0));
                 float* outs[kMaxTile];

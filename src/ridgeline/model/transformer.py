@@ -16,6 +16,7 @@ from ridgeline.model.attention_batch import AttentionBatch
 from ridgeline.model.checkpoint import Checkpoint
 from ridgeline.model.kv_groups import layer_groups
 from ridgeline.model.layers.attention import PagedAttention
+from ridgeline.model.layers.decode_layer import FusedDecodeLayer, FusedDecodeStack, fuse_layer
 from ridgeline.model.layers.embedding import TokenEmbedding
 from ridgeline.model.layers.linear import WEIGHT_FORMATS, PhaseAwareLinear, make_linear
 from ridgeline.model.layers.mlp import GatedMLP
@@ -48,8 +49,23 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn_norm, self.attention, self.post_attn_norm = attn_norm, attention, post_attn_norm
         self.ffn_norm, self.mlp, self.post_ffn_norm = ffn_norm, mlp, post_ffn_norm
+        self._fused: FusedDecodeLayer | None | bool = False  # False: not looked for yet
+
+    def fused(self) -> FusedDecodeLayer | None:
+        """The layer as one compiled call (layers/decode_layer.py), made on first use: None where it cannot be."""
+        if self._fused is False:
+            self._fused = fuse_layer(self.attn_norm, self.attention, self.post_attn_norm, self.ffn_norm, self.mlp,
+                                     self.post_ffn_norm)
+        return self._fused
+
+    def _apply(self, fn, recurse=True):
+        self._fused = False  # it holds the weights' tensors: moved or cast, they are new ones
+        return super()._apply(fn, recurse)
 
     def forward(self, h, rope, batch, cache):
+        fused = self.fused()
+        if fused is not None and fused.fits(h, batch.row_paths):
+            return fused(h, rope, batch, cache)
         attended = self.attention(self.attn_norm(h), rope, batch, cache)
         h = h + attended if self.post_attn_norm is None else self.post_attn_norm(attended, residual=h)
         mixed = self.mlp(self.ffn_norm(h), batch.row_paths)
@@ -143,6 +159,20 @@ class Transformer(nn.Module):
                                            divisors, options.device, config.rope_yarn)
         self.rope_local = (RotaryEmbedding(config.head_dim, config.rope_local_theta, device=options.device)
                            if config.rope_local_theta else self.rope_global)
+        self._stack: FusedDecodeStack | None | bool = False  # False: not looked for yet
+
+    def fused_stack(self) -> FusedDecodeStack | None:
+        """Every layer in one compiled call (layers/decode_layer.py), made on first use: None unless every layer
+        has its compiled call."""
+        if self._stack is False:
+            layers = [layer.fused() for layer in self.layers]
+            self._stack = None if None in layers else FusedDecodeStack(
+                layers, [self.config.is_sliding(i) for i in range(len(layers))])
+        return self._stack
+
+    def _apply(self, fn, recurse=True):
+        self._stack = False  # it holds the layers' compiled calls, which hold the weights' tensors
+        return super()._apply(fn, recurse)
 
     @torch.inference_mode()
     def forward(self, batch: AttentionBatch, kv_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -150,9 +180,13 @@ class Transformer(nn.Module):
         h = self.embedding(batch.token_ids)
         rope_global = self.rope_global.cos_sin(batch.positions)
         rope_local = rope_global if self.rope_local is self.rope_global else self.rope_local.cos_sin(batch.positions)
-        for i, layer in enumerate(self.layers):
-            rope = rope_local if self.config.is_sliding(i) else rope_global
-            h = layer(h, rope, batch, kv_cache[i])
+        stack = self.fused_stack()
+        if stack is not None and stack.fits(h, batch.row_paths):
+            h = stack(h, rope_global, rope_local, batch, kv_cache)
+        else:
+            for i, layer in enumerate(self.layers):
+                rope = rope_local if self.config.is_sliding(i) else rope_global
+                h = layer(h, rope, batch, kv_cache[i])
         h = self.norm(h[batch.logit_rows])
         # Logit rows always take the memory-bound path: the head is 262k rows here, and dequantising it for a
         # GEMM would cost more than it saves; one path also keeps every row's logits batch-independent.
