@@ -544,12 +544,30 @@ def test_without_decodes_prefill_takes_the_whole_budget() -> None:
 
 
 @pytest.mark.parametrize("budget,least", [(256, 16), (1024, 64), (2048, 128)])
-def test_the_prefill_beside_decodes_never_drops_below_a_sixteenth_of_the_budget_or_a_page(budget, least) -> None:
-    # A target the decodes alone already miss: the prompt still advances every step.
+def test_a_big_backlog_never_advances_by_less_than_a_sixteenth_of_the_budget(budget, least) -> None:
+    # A target the decodes alone already miss: the prompt still advances every step, and with a backlog of 16
+    # budgets' sixteenths or more (here 20 prompts of 400 tokens) by the budget's sixteenth.
     scheduler, model = itl_scheduler(ItlTarget(seconds=0.001), block_size=16, max_num_batched_tokens=budget)
+    for i in range(19):
+        scheduler.add_request(make_seq(f"w{i}", list(range(400)), max_tokens=2))
     for _ in range(3):
         output, _ = step(scheduler, model)
         assert prefill_tokens(output) == least and output.budget.prefill_limit == least
+
+
+@pytest.mark.parametrize("backlog,least", [(100, 16), (400, 25), (1600, 100), (4000, 128)])
+def test_a_small_backlog_advances_by_a_sixteenth_of_itself_and_at_least_a_page(backlog, least) -> None:
+    # One short prompt joining the streams goes in slices (its streams' gaps stay even) rather than in one step
+    # of the budget's sixteenth, and is still through in ~16 steps however tight the target.
+    scheduler = make_scheduler(itl_target=ItlTarget(seconds=0.001), step_cost=linear_cost(), block_size=16,
+                               max_num_batched_tokens=2048)
+    model = PagedFakeModel(1024, 16)
+    for i in range(4):
+        scheduler.add_request(make_seq(f"d{i}", [2, 3, 4], max_tokens=50))
+    step(scheduler, model)
+    scheduler.add_request(make_seq("long", list(range(backlog)), max_tokens=2))
+    output, _ = step(scheduler, model)
+    assert prefill_tokens(output) == least and output.budget.prefill_limit == least
 
 
 def test_decode_steps_with_nothing_to_prefill_carry_no_budget() -> None:

@@ -146,10 +146,11 @@ class Scheduler:
             raise RidgelineError("an ITL target needs a step-cost model to predict step times")
         self.config = config
         self.step_cost = step_cost
-        # The least prefill a step with decodes takes, whatever the target: a sixteenth of the token budget (128
-        # of 2,048), at least a page. Below that, prompts advance mostly by adding steps, each paying a step's fixed
-        # cost, and the streams they start straggle into a long tail of small batches: with one page as the floor,
-        # the burst of benchmarks/token_budget.py ran 12 % below a fixed budget of 128 (docs/token_budget.md).
+        # The most the least prefill beside decodes can be, whatever the target: a sixteenth of the token budget
+        # (128 of 2,048), at least a page. A backlog of many prompts advancing below that mostly adds steps, each
+        # paying a step's fixed cost, and the streams they start straggle into a long tail of small batches: with
+        # one page as the floor, the burst of benchmarks/token_budget.py ran 12 % below a fixed budget of 128
+        # (docs/token_budget.md). See _least_prefill for the floor of a step.
         self.min_prefill_tokens = min(max(block_size, config.max_num_batched_tokens // 16),
                                       config.max_num_batched_tokens)
         self.block_manager = BlockManager(num_pages, block_size, windows, config.enable_prefix_caching)
@@ -339,7 +340,7 @@ class Scheduler:
         """The most prefill tokens (at least one page, at most `budget`) that keep the predicted time of a step of
         these decodes plus that prefill within the ITL target. Until the model can predict, the least: streams
         keep their pace while the first steps teach the estimate."""
-        target, least = self.config.itl_target, min(self.min_prefill_tokens, budget)
+        target, least = self.config.itl_target, min(self._least_prefill(prefills), budget)
         base = [chunk.step_chunk for chunk in decode_chunks]
         if self.step_cost(base) is None:
             return StepBudget(least, None, None)
@@ -368,6 +369,19 @@ class Scheduler:
             else:
                 high = middle - 1
         return StepBudget(low, limit_s, None)
+
+    def _least_prefill(self, prefills: list[Sequence]) -> int:
+        """The least prefill a step with decodes takes: a sixteenth of the backlog (the uncomputed tokens of the
+        prompts being prefilled and waiting), at least a page, at most min_prefill_tokens. So a backlog is through
+        in at most ~16 steps however tight the target. A big backlog (a burst) is what a small floor hurts; one
+        short prompt joining a few streams is not, and there a small slice keeps the streams' gaps even: with the
+        budget's sixteenth as the floor, each 100-token prompt joining 8 streams went in whole, one 4x step."""
+        backlog, enough = 0, 16 * self.min_prefill_tokens
+        for seq in itertools.chain(prefills, self.waiting):  # (a long queue: stop once the cap is reached)
+            backlog += seq.num_uncomputed_tokens
+            if backlog >= enough:
+                break
+        return max(self.block_manager.block_size, min(backlog // 16, self.min_prefill_tokens))
 
     def update(self, output: SchedulerOutput, sampled_token_ids: list[int] | list[list[int]],
                stop_string_hits: Collection[str] = ()) -> list[Sequence]:
