@@ -44,10 +44,13 @@ def reference_build(chunks, block_size, group_windows):
     }
 
 
-def random_chunk(rng, num_groups, windows):
+def random_chunk(rng, num_groups, windows, num_blocks=None):
     start = rng.randrange(0, 40)
     length = rng.choice([1, 1, 1, rng.randrange(1, 12)])
-    num_blocks = -(-(start + length) // BLOCK) + rng.randrange(0, 2)  # tables may run past the chunk's end
+    if num_blocks is None:
+        num_blocks = -(-(start + length) // BLOCK) + rng.randrange(0, 2)  # tables may run past the chunk's end
+    else:  # tables of one width (the engine's case when its sequences hold equally many blocks)
+        start, length = min(start, num_blocks * BLOCK - 1), 1
     tables = []
     for group in range(num_groups):
         table = [rng.randrange(0, 500) for _ in range(num_blocks)]
@@ -81,7 +84,8 @@ def assert_same(batch, expected):
 def test_build_equals_the_torch_construction(windows):
     rng = random.Random(len(windows))
     for trial in range(60):
-        chunks = [random_chunk(rng, len(windows), windows) for _ in range(rng.randrange(1, 9))]
+        width = rng.choice([None, rng.randrange(1, 12)])
+        chunks = [random_chunk(rng, len(windows), windows, width) for _ in range(rng.randrange(1, 9))]
         assert_same(AttentionBatch.build(chunks, BLOCK, windows, torch.device("cpu")),
                     reference_build(chunks, BLOCK, windows))
 

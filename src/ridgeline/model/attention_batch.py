@@ -77,18 +77,14 @@ class AttentionBatch:
         is_prompt = positions < prompt_ends[row_seq]
         logit_rows = [r for c, start, end in zip(chunks, row_starts, row_starts[1:])
                       for r in (range(start, end) if c.all_logits else [end - 1])]
-        blocks, offsets = np.divmod(positions, block_size)
+        tables, slots = _group_tables_and_slots(chunks, len(group_windows), positions, row_seq, block_size)
         key_begins: dict[int | None, torch.Tensor] = {}
         groups = []
         for index, window in enumerate(group_windows):
-            rows = [c.block_tables[index] for c in chunks]
-            width = max(map(len, rows))
-            tables = np.array([[*row, *[-1] * (width - len(row))] for row in rows], np.int32).reshape(len(rows), width)
-            slots = tables[row_seq, blocks].astype(np.int64) * block_size + offsets
             if window not in key_begins:
                 key_begin = np.maximum(positions - window + 1, 0) if window else np.zeros_like(positions)
                 key_begins[window] = _tensor(key_begin.astype(np.int32), device)
-            groups.append(GroupView(_tensor(tables, device), _tensor(slots, device), key_begins[window]))
+            groups.append(GroupView(_tensor(tables[index], device), _tensor(slots[index], device), key_begins[window]))
         token_ids = np.fromiter((t for c in chunks for t in c.token_ids), np.int64, num_rows)
         return AttentionBatch(
             token_ids=_tensor(token_ids, device),
@@ -100,8 +96,36 @@ class AttentionBatch:
             groups=groups,
             logit_rows=_tensor(np.asarray(logit_rows, np.int64), device),
             logit_counts=[len(c.token_ids) if c.all_logits else 1 for c in chunks],
-            row_paths=RowPaths.from_prompt_mask(_tensor(is_prompt, device)),
+            row_paths=_row_paths(is_prompt, device),
         )
+
+
+def _group_tables_and_slots(chunks: list[ForwardChunk], num_groups: int, positions: np.ndarray, row_seq: np.ndarray,
+                            block_size: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per layer group, the chunks' block tables padded with -1 to one width ([chunks, blocks] int32), and each
+    row's KV slot ([T] int64). The engine's groups all have tables of one length, so one array covers them all."""
+    blocks, offsets = np.divmod(positions, block_size)
+    rows = [[c.block_tables[g] for c in chunks] for g in range(num_groups)]
+    widths = {len(row) for group in rows for row in group}
+    if len(widths) == 1:  # no padding: one conversion and one gather for every group
+        tables = np.array(rows, np.int32).reshape(num_groups, len(chunks), widths.pop())
+        slots = tables[:, row_seq, blocks].astype(np.int64) * block_size + offsets
+        return list(tables), list(slots)
+    tables, slots = [], []
+    for group in rows:
+        width = max(map(len, group))
+        table = np.array([[*row, *[-1] * (width - len(row))] for row in group], np.int32).reshape(len(group), width)
+        tables.append(table)
+        slots.append(table[row_seq, blocks].astype(np.int64) * block_size + offsets)
+    return tables, slots
+
+
+def _row_paths(is_prompt: np.ndarray, device: torch.device) -> RowPaths:
+    # Counted in numpy: a torch sum of a few bools costs tens of microseconds in a decode step.
+    num_prompt = int(np.count_nonzero(is_prompt))
+    if num_prompt in (0, len(is_prompt)):
+        return RowPaths(len(is_prompt), None, None, num_prompt > 0)  # what from_prompt_mask gives, uncounted
+    return RowPaths.from_prompt_mask(_tensor(is_prompt, device))
 
 
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
