@@ -5,7 +5,8 @@
 B greedy requests of --input-len random prompt ids (no prefix hits between them) enter the engine together; after
 their prefill, --steps pure decode steps are timed, twice: once bare, for the step time and tok/s (B tokens a step;
 the median of --repeats runs), and once with every part of the step wrapped in a perf_counter_ns timer (schedule,
-forward chunks, batch metadata, the model, step record, sampling, detokenise, update, outputs), for the breakdown.
+forward chunks, batch metadata, the model, step record, sampling, detokenise, update, outputs), for the breakdown,
+and also as two spans: from the step's start to the model's, and from the model's end to the step's.
 "outside the model" is the instrumented step minus the model's forward, as in decode_step_profile.py (which also
 counts the batch metadata outside). The wrappers cost about a microsecond each, a dozen a step.
 
@@ -25,6 +26,7 @@ from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 
 MODEL = "model forward"
+BEFORE, AFTER = "(all before the model)", "(all after the model)"
 
 
 class PhaseTimer:
@@ -60,16 +62,31 @@ class PhaseTimer:
         processor.outputs = self.wrap("request outputs", processor.outputs)
         build = model_runner.AttentionBatch.build
         model_runner.AttentionBatch.build = staticmethod(self.wrap("batch metadata (AttentionBatch)", build))
-        model = llm.runner.model
-        starts = []
-        model.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter_ns()))
+        # The step's boundaries: from its start to the model's, and from the model's end to the step's.
+        marks = {}
+        step = llm.step
 
-        def after(*_):
-            elapsed = time.perf_counter_ns() - starts.pop()
+        def timed_step():
+            marks["step"] = time.perf_counter_ns()
+            outputs = step()
+            if self.enabled and "model end" in marks:
+                self.ns[AFTER] += time.perf_counter_ns() - marks.pop("model end")
+            return outputs
+
+        llm.step = timed_step
+
+        def before_model(*_):
+            marks["model"] = time.perf_counter_ns()
             if self.enabled:
-                self.ns[MODEL] += elapsed
+                self.ns[BEFORE] += marks["model"] - marks["step"]
 
-        model.register_forward_hook(after)
+        def after_model(*_):
+            marks["model end"] = time.perf_counter_ns()
+            if self.enabled:
+                self.ns[MODEL] += marks["model end"] - marks["model"]
+
+        llm.runner.model.register_forward_pre_hook(before_model)
+        llm.runner.model.register_forward_hook(after_model)
 
 
 def add_batch(llm: LLMEngine, batch: int, input_len: int, max_tokens: int, rng: random.Random, tag: str) -> None:
@@ -125,14 +142,16 @@ def main() -> None:
         timer.ns.clear()
         instrumented_s = decode_steps(llm, batch, args.input_len, args.steps, rng, f"b{batch}-timed", timer)
         parts = {name: ns / 1e6 / args.steps for name, ns in timer.ns.items()}
-        # The sample part includes no other timed part; the rest of step() is what no wrapper covers.
+        boundaries = {name: parts.pop(name) for name in (BEFORE, AFTER)}
+        # No timed part contains another; the rest of step() is what no wrapper covers.
         parts["rest of step() (untimed glue)"] = instrumented_s * 1e3 - sum(parts.values())
+        parts |= boundaries
         outside = instrumented_s * 1e3 - parts[MODEL]
         figures[batch] = {"step_ms": step_s * 1e3, "tok_s": batch / step_s, "outside_model_ms": outside,
                           "instrumented_step_ms": instrumented_s * 1e3, "parts_ms": parts}
         print(f"\nbatch {batch}: step {step_s * 1e3:.3f} ms (median of {args.repeats}), {batch / step_s:.1f} tok/s; "
               f"outside the model {outside:.3f} ms of an instrumented {instrumented_s * 1e3:.3f} ms step")
-        for name, ms in sorted(parts.items(), key=lambda item: -item[1]):
+        for name, ms in sorted(parts.items(), key=lambda item: (item[0] in boundaries, -item[1])):
             print(f"  {name:40} {ms:8.3f} ms")
     if args.json:
         with open(args.json, "w") as out:
