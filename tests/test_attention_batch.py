@@ -66,12 +66,13 @@ def random_chunk(rng, num_groups, windows, num_blocks=None):
 def assert_same(batch, expected):
     for name in ("token_ids", "positions", "row_seq", "key_end", "logit_rows"):
         got, want = getattr(batch, name), expected[name]
-        assert got.dtype == want.dtype and torch.equal(got, want), name
+        assert got.dtype == want.dtype and torch.equal(got, want) and got.is_contiguous(), name
     assert batch.row_starts == expected["row_starts"]
     assert batch.logit_counts == expected["logit_counts"]
     for view, (tables, slots, key_begin) in zip(batch.groups, expected["groups"], strict=True):
         for got, want in ((view.block_tables, tables), (view.slot_mapping, slots), (view.key_begin, key_begin)):
-            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+            # Contiguous too: the compiled kernels take the data pointer and assume it.
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want) and got.is_contiguous()
     paths, want = batch.row_paths, expected["row_paths"]
     assert (paths.num_rows, paths.all_compute) == (want.num_rows, want.all_compute)
     for got, expected_rows in ((paths.compute_rows, want.compute_rows), (paths.memory_rows, want.memory_rows)):

@@ -109,7 +109,8 @@ def _group_tables_and_slots(chunks: list[ForwardChunk], num_groups: int, positio
     widths = {len(row) for group in rows for row in group}
     if len(widths) == 1:  # no padding: one conversion and one gather for every group
         tables = np.array(rows, np.int32).reshape(num_groups, len(chunks), widths.pop())
-        slots = tables[:, row_seq, blocks].astype(np.int64) * block_size + offsets
+        # (The gather lays its result out row-major in the row index: made contiguous per group, as kernels expect.)
+        slots = np.ascontiguousarray(tables[:, row_seq, blocks].astype(np.int64) * block_size + offsets)
         return list(tables), list(slots)
     tables, slots = [], []
     for group in rows:
