@@ -20,7 +20,6 @@ import statistics
 import time
 from collections import defaultdict
 
-from ridgeline.engine import model_runner
 from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
@@ -60,8 +59,7 @@ class PhaseTimer:
         processor.collect_prompt_logprobs = self.wrap("prompt logprobs", processor.collect_prompt_logprobs)
         processor.detokenize = self.wrap("detokenise + stop strings", processor.detokenize)
         processor.outputs = self.wrap("request outputs", processor.outputs)
-        build = model_runner.AttentionBatch.build
-        model_runner.AttentionBatch.build = staticmethod(self.wrap("batch metadata (AttentionBatch)", build))
+        llm.runner.batches.build = self.wrap("batch metadata (AttentionBatch)", llm.runner.batches.build)
         # The step's boundaries: from its start to the model's, and from the model's end to the step's.
         marks = {}
         step = llm.step

@@ -1,0 +1,96 @@
+"""StepBatchBuilder gives, step after step, exactly what AttentionBatch.build gives for the same chunks, although it
+writes small steps into buffers it reuses: through steady decoding (tables growing a block at a time, sliding-window
+entries released), sequences joining and leaving, all-logits chunks, prompt chunks, and steps it hands to build."""
+
+import random
+
+import torch
+
+from ridgeline.engine.step_batch import MAX_ROWS, StepBatchBuilder
+from ridgeline.model.attention_batch import AttentionBatch, ForwardChunk
+
+BLOCK = 4
+WINDOWS = [None, 6, 6]
+CPU = torch.device("cpu")
+
+
+def assert_same(batch, expected):
+    for name in ("token_ids", "positions", "row_seq", "key_end", "logit_rows"):
+        got, want = getattr(batch, name), getattr(expected, name)
+        assert got.dtype == want.dtype and torch.equal(got, want) and got.is_contiguous(), name
+    assert (batch.block_size, batch.row_starts, batch.logit_counts) == (expected.block_size, expected.row_starts,
+                                                                         expected.logit_counts)
+    for view, want in zip(batch.groups, expected.groups, strict=True):
+        for name in ("block_tables", "slot_mapping", "key_begin"):
+            got, wanted = getattr(view, name), getattr(want, name)
+            assert got.dtype == wanted.dtype and got.shape == wanted.shape and torch.equal(got, wanted), name
+            assert got.is_contiguous(), name  # the compiled kernels take the data pointer and assume it
+    got, want = batch.row_paths, expected.row_paths
+    assert (got.num_rows, got.all_compute) == (want.num_rows, want.all_compute)
+    for rows, wanted in ((got.compute_rows, want.compute_rows), (got.memory_rows, want.memory_rows)):
+        assert (rows is None) == (wanted is None) and (rows is None or torch.equal(rows, wanted))
+
+
+class FakeSequence:
+    """Tokens and block tables as the block manager keeps them: one page per block per group, sliding groups'
+    blocks below the window RELEASED (-1)."""
+
+    def __init__(self, rng, prompt_len):
+        self.rng, self.tokens, self.tables = rng, [rng.randrange(1000) for _ in range(prompt_len)], [[], [], []]
+        self.num_prompt = prompt_len
+
+    def chunk(self, start, end, all_logits=False):
+        for group, window in enumerate(WINDOWS):
+            table = self.tables[group]
+            while len(table) * BLOCK < end:
+                table.append(self.rng.randrange(10_000))
+            if window is not None:
+                for block in range(max(0, start - window + 1) // BLOCK):
+                    table[block] = -1
+        return ForwardChunk(self.tokens[start:end], start, [list(t) for t in self.tables], all_logits=all_logits,
+                            num_prompt_tokens=self.num_prompt)
+
+
+def test_steady_decoding_with_sequences_joining_and_leaving_matches_build():
+    rng = random.Random(0)
+    builder = StepBatchBuilder(BLOCK, WINDOWS, CPU)
+    running = [FakeSequence(rng, rng.randrange(1, 9)) for _ in range(3)]
+    for seq in running:
+        seq.tokens.append(rng.randrange(1000))  # the token sampled from its prefill
+    for step in range(60):
+        if step % 17 == 5:  # one leaves, another joins (already prefilled)
+            running.pop(rng.randrange(len(running)))
+            joining = FakeSequence(rng, rng.randrange(1, 13))
+            joining.tokens.append(rng.randrange(1000))
+            running.append(joining)
+        chunks = [seq.chunk(len(seq.tokens) - 1, len(seq.tokens)) for seq in running]
+        assert_same(builder.build(chunks), AttentionBatch.build(chunks, BLOCK, WINDOWS, CPU))
+        for seq in running:
+            seq.tokens.append(rng.randrange(1000))
+
+
+def test_random_small_and_large_steps_match_build():
+    rng = random.Random(1)
+    builder = StepBatchBuilder(BLOCK, WINDOWS, CPU)
+    for trial in range(200):
+        chunks = []
+        for _ in range(rng.randrange(1, 6)):
+            seq = FakeSequence(rng, rng.randrange(1, 30))
+            seq.tokens += [rng.randrange(1000) for _ in range(rng.randrange(0, 5))]  # generated tokens
+            start = rng.randrange(0, len(seq.tokens))
+            end = rng.choice([start + 1, rng.randrange(start + 1, len(seq.tokens) + 1)])
+            chunks.append(seq.chunk(start, end, all_logits=rng.random() < 0.2))
+        assert_same(builder.build(chunks), AttentionBatch.build(chunks, BLOCK, WINDOWS, CPU))
+
+
+def test_a_step_of_the_last_ones_shape_reuses_its_buffers_and_a_large_one_is_built_fresh():
+    rng = random.Random(2)
+    builder = StepBatchBuilder(BLOCK, WINDOWS, CPU)
+    seq = FakeSequence(rng, 9)
+    seq.tokens.append(1)
+    first = builder.build([seq.chunk(9, 10)])
+    seq.tokens.append(2)
+    second = builder.build([seq.chunk(10, 11)])
+    assert second is first and second.positions.tolist() == [10]  # overwritten in place
+    long = FakeSequence(rng, MAX_ROWS + 1)
+    assert builder.build([long.chunk(0, MAX_ROWS + 1)]) is not first
