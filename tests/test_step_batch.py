@@ -94,3 +94,20 @@ def test_a_step_of_the_last_ones_shape_reuses_its_buffers_and_a_large_one_is_bui
     assert second is first and second.positions.tolist() == [10]  # overwritten in place
     long = FakeSequence(rng, MAX_ROWS + 1)
     assert builder.build([long.chunk(0, MAX_ROWS + 1)]) is not first
+
+
+def test_tables_changed_in_place_between_steps_are_seen():
+    """A caller may hand the same table lists every step and change them in place (a page appended, one released):
+    the rows the builder kept from the last step must not be taken for the new ones."""
+    builder = StepBatchBuilder(BLOCK, WINDOWS, CPU)
+    tables = [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    for position in range(9, 40):
+        if position % BLOCK == 0 and position // BLOCK >= len(tables[0]):
+            for group, table in enumerate(tables):
+                table.append(100 * group + position)
+        for group, window in enumerate(WINDOWS):
+            if window is not None:
+                for block in range(max(0, position - window + 1) // BLOCK):
+                    tables[group][block] = -1
+        chunks = [ForwardChunk([position], position, tables, num_prompt_tokens=5)]
+        assert_same(builder.build(chunks), AttentionBatch.build(chunks, BLOCK, WINDOWS, CPU))

@@ -5,7 +5,8 @@ through the caches, every numpy or torch call on a handful of ints runs cold, se
 of a batch-1 decode step of Gemma 3 (six layer groups). A decode step has the last one's shape (the same chunks,
 one row each; tables a block wider every block_size steps), so here a small step's rows are computed in plain
 Python and written with one numpy assignment per dtype into two buffers, whose tensor views, and the AttentionBatch
-holding them, are made again only when the step's shape changes.
+holding them, are made again only when the step's shape changes. Block tables are written only for the chunks
+whose tables differ from what their rows hold.
 
 The batch returned is overwritten by the next call: the model reads it during its forward pass and keeps nothing.
 Bigger steps (prefill chunks), steps mixing prompt and generated rows, and devices other than the CPU get a fresh
@@ -29,7 +30,8 @@ class StepBatchBuilder:
         self.windows = list(dict.fromkeys(group_windows))  # distinct windows: one key_begin row each
         self.device = device
         self._shape: tuple | None = None  # what the buffers and the batch below are laid out for
-        self._int64 = self._int32 = None
+        self._int64 = self._int32 = self._tables = None
+        self._written: list[tuple | None] = []
         self._batch: AttentionBatch | None = None
 
     def build(self, chunks: list[ForwardChunk]) -> AttentionBatch:
@@ -54,18 +56,29 @@ class StepBatchBuilder:
                  num_prompt_rows > 0)
         if shape != self._shape:
             self._lay_out(shape, num_rows, len(logit_rows))
-        tables, slots = [], []
+        slots = []
         for group in range(num_groups):
-            for c in chunks:
-                table = c.block_tables[group]
-                tables += table
-                if len(table) < width:
-                    tables += [-1] * (width - len(table))
             slots += [chunks[chunk].block_tables[group][p // bs] * bs + p % bs for chunk, p in zip(row_seq, positions)]
+        self._write_tables(chunks, width)
         key_begins = [max(0, p - window + 1) if window else 0 for window in self.windows for p in positions]
         self._int64[:] = token_ids + positions + logit_rows + slots
-        self._int32[:] = row_seq + [p + 1 for p in positions] + key_begins + tables
+        self._int32[:len(self._int32) - self._tables.size] = row_seq + [p + 1 for p in positions] + key_begins
         return self._batch
+
+    def _write_tables(self, chunks: list[ForwardChunk], width: int) -> None:
+        """Write only the chunks' tables that changed since the last step: a sequence's tables change once a block
+        (a page appended, a sliding window's page released), so at long contexts this skips nearly all of a step's
+        O(blocks) conversion from Python ints. After a new layout, all of them in one assignment."""
+        # Snapshots to compare with: the scheduler's are tuples already; a list may yet change in place.
+        current = [c.block_tables if type(c.block_tables) is tuple and all(type(t) is tuple for t in c.block_tables)
+                   else tuple(map(tuple, c.block_tables)) for c in chunks]
+        if not any(self._written):
+            self._tables.transpose(1, 0, 2)[:] = [[[*t, *[-1] * (width - len(t))] for t in tables] for tables in current]
+        else:
+            for index, tables in enumerate(current):
+                if tables != self._written[index]:
+                    self._tables[:, index, :] = [[*t, *[-1] * (width - len(t))] for t in tables]
+        self._written = current
 
     def _lay_out(self, shape: tuple, num_rows: int, num_logit_rows: int) -> None:
         """Buffers for steps of this shape, and the batch of tensor views into them."""
@@ -75,6 +88,8 @@ class StepBatchBuilder:
         self._int32 = np.zeros(2 * rows + len(self.windows) * rows + num_groups * num_chunks * width, np.int32)
         int64, int32 = torch.from_numpy(self._int64), torch.from_numpy(self._int32)
         slots_at, tables_at = 2 * rows + num_logit_rows, (2 + len(self.windows)) * rows
+        self._tables = self._int32[tables_at:].reshape(num_groups, num_chunks, width)
+        self._written: list[tuple | None] = [None] * num_chunks  # each chunk's tables as _tables holds them
         key_begin = {window: int32[(2 + i) * rows:(3 + i) * rows] for i, window in enumerate(self.windows)}
         groups = [GroupView(int32[tables_at + g * num_chunks * width:tables_at + (g + 1) * num_chunks * width]
                             .view(num_chunks, width),
