@@ -59,7 +59,12 @@ class PhaseTimer:
         processor.collect_prompt_logprobs = self.wrap("prompt logprobs", processor.collect_prompt_logprobs)
         processor.detokenize = self.wrap("detokenise + stop strings", processor.detokenize)
         processor.outputs = self.wrap("request outputs", processor.outputs)
-        llm.runner.batches.build = self.wrap("batch metadata (AttentionBatch)", llm.runner.batches.build)
+        if hasattr(llm.runner, "batches"):  # engine/step_batch.py
+            llm.runner.batches.build = self.wrap("batch metadata (AttentionBatch)", llm.runner.batches.build)
+        else:  # before it (to measure an older checkout with this script)
+            from ridgeline.engine import model_runner
+            build = self.wrap("batch metadata (AttentionBatch)", model_runner.AttentionBatch.build)
+            model_runner.AttentionBatch.build = staticmethod(build)
         # The step's boundaries: from its start to the model's, and from the model's end to the step's.
         marks = {}
         step = llm.step
