@@ -37,6 +37,16 @@ def test_greedy_ties_go_to_the_lowest_token_id():
     assert sample(torch.tensor([[1.0, 5.0, 5.0, 2.0]]), SamplingParams(temperature=0.0)).token_ids == [1]
 
 
+def test_argmax_rows_agrees_with_torch_on_ties_strides_and_other_dtypes():
+    """The greedy fast path (numpy's argmax on the CPU) picks what torch's argmax picks, row by row."""
+    logits = random_logits(9, 4099, seed=3)
+    logits[2, 17] = logits[2, 4000] = logits[2].max() + 1.0  # a tie far apart: the first wins
+    logits[5] = 0.0  # a flat row: token 0
+    logits[7, 100] = float("inf")
+    for view in (logits, logits[::2], logits[:, 1:], logits.bfloat16()):
+        assert sampler_module.argmax_rows(view) == view.argmax(dim=-1).tolist()
+
+
 @pytest.mark.parametrize(
     "params",
     [

@@ -19,6 +19,7 @@ import torch
 from ridgeline.bench.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
 from ridgeline.bench.model_source import shape_from_checkpoint
 from ridgeline.engine.assemble import assemble_model
+from ridgeline.engine.sampler import argmax_rows
 from ridgeline.engine.kv_cache import KVCacheConfig, bytes_per_token
 from ridgeline.engine.model_runner import ModelRunner
 from ridgeline.errors import RidgelineError
@@ -137,7 +138,7 @@ def _bench_model(runner: ModelRunner, weights: str, config: LatencyConfig, bandw
     def generate(steps: int, step_bytes: list[int] | None = None) -> None:
         token = prompt[0]
         for position in range(steps):  # generated rows: the memory-bound path
-            token = int(forward([token], position, 0).argmax())
+            token = argmax_rows(forward([token], position, 0))[0]  # the engine's greedy pick, numpy's argmax
             if step_bytes is not None:
                 step_bytes.append(last_step_bytes(model, tokens=1).total)
 

@@ -141,8 +141,9 @@ class LLMEngine:
         logits, row_ranges = self._run(plan)
         samples = self._sample(plan, logits, row_ranges)
         updates = self.output_processor.detokenize(samples)
-        samples = [Sample(s.seq, s.token_ids[:updates[s.seq.request_id].num_tokens], s.logprobs)
-                   if s.seq.request_id in updates else s for s in samples]
+        samples = [Sample(s.seq, s.token_ids[:update.num_tokens], s.logprobs)
+                   if (update := updates.get(s.seq.request_id)) is not None and update.num_tokens < len(s.token_ids)
+                   else s for s in samples]  # cut after a stop string (the tokens past it are not the request's)
         stop_string_hits = {request_id for request_id, update in updates.items() if update.stopped}
         finished = self.scheduler.update(plan, [sample.token_ids for sample in samples], stop_string_hits)
         if self.step_cost is not None:  # the whole step, scheduling to sampled tokens: the gap a stream sees
@@ -158,7 +159,8 @@ class LLMEngine:
         self.steps.record(plan, time.perf_counter() - started, time.thread_time() - cpu_started)
         ranges = [range(end - count, end) for end, count in zip(itertools.accumulate(counts), counts)]
         for chunk, rows in zip(plan.chunks, ranges):
-            self.output_processor.collect_prompt_logprobs(chunk, logits[rows.start:rows.stop])
+            if chunk.seq.sampling_params.prompt_logprobs is not None:  # (no view of the logits for the others)
+                self.output_processor.collect_prompt_logprobs(chunk, logits[rows.start:rows.stop])
         return logits, ranges
 
     def _sample(self, plan: SchedulerOutput, logits: torch.Tensor, row_ranges: list[range]) -> list[Sample]:

@@ -3,7 +3,8 @@
 import torch
 
 from ridgeline.engine.kv_cache import KVCache
-from ridgeline.model.attention_batch import AttentionBatch, ForwardChunk
+from ridgeline.engine.step_batch import StepBatchBuilder
+from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.transformer import Transformer
 
 
@@ -11,10 +12,11 @@ class ModelRunner:
     def __init__(self, model: Transformer, kv_cache: KVCache):
         self.model, self.kv_cache = model, kv_cache
         self.cache_layers = kv_cache.layers()
+        self.batches = StepBatchBuilder(kv_cache.block_size, model.group_windows, model.options.device)
 
     def forward(self, chunks: list[ForwardChunk]) -> tuple[torch.Tensor, list[int]]:
         """One forward pass: all logit rows in chunk order ([1 or len(chunk), vocab] each) and their counts."""
-        batch = AttentionBatch.build(chunks, self.kv_cache.block_size, self.model.group_windows, self.model.options.device)
+        batch = self.batches.build(chunks)
         return self.model(batch, self.cache_layers), batch.logit_counts
 
     def run(self, chunks: list[ForwardChunk]) -> list[torch.Tensor]:

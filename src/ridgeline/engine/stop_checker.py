@@ -30,6 +30,10 @@ class StopChecker:
         return self._text[: self._emitted]
 
     def append(self, new_text: str) -> StopUpdate:
+        if not self.stop:  # nothing to look for or hold back: every request without stop strings, every token
+            self._text += new_text
+            self._emitted = len(self._text)
+            return StopUpdate(new_text, False)
         if self.matched is not None:
             return StopUpdate("", True)
         # A stop string completed by this chunk starts no earlier than len(stop) - 1 characters before it.
