@@ -60,9 +60,15 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+# Characters pydantic's JSON leaves raw in strings that line readers built on str.splitlines() (httpx's
+# aiter_lines, among others) take for line ends, cutting an event's JSON in two: SSE ends lines only at CR and LF,
+# but a model's text can hold any of these. Escaped, they are the same JSON string.
+_LINE_BREAKS_JSON_KEEPS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(payload: BaseModel | dict) -> str:
     body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
-    return f"data: {body}\n\n"
+    return f"data: {body.translate(_LINE_BREAKS_JSON_KEEPS)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
