@@ -85,6 +85,20 @@ def test_gemv_rows_do_not_depend_on_their_batch(qtype):
 
 
 @needs_compiled
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_gemv_rows_over_panels_of_blocks_match_one_row_at_a_time(qtype):
+    # 51 row blocks (the last one ragged) of 512 inputs: more than one L2 panel of blocks, and 19 activation rows
+    # in tiles of 8, 8 and 3, so each tile sweeps every panel. Each row must equal its own call's bits.
+    stored = random_stored(qtype, (805, 512), seed=10)
+    x = torch.randn(19, 512, generator=torch.Generator().manual_seed(11))
+    together = kernels.gemv(pack(stored), x)
+    for i in range(19):
+        assert torch.equal(kernels.gemv(pack(stored), x[i : i + 1])[0], together[i]), f"row {i}"
+    exact = int8_activations(x) @ stored.dequantize().double().T
+    torch.testing.assert_close(together.double(), exact, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
+
+
+@needs_compiled
 def test_gemv_handles_zero_and_non_contiguous_activations():
     packed = pack(random_stored(T.Q4_K, (8, 256), seed=5))
     assert torch.equal(kernels.gemv(packed, torch.zeros(2, 256)), torch.zeros(2, 8))

@@ -324,16 +324,25 @@ void gemv_typed(const Planes& planes, const std::vector<QuantizedActivation>& x,
     const int64_t blocks = planes.quants.size(0), groups = k / (4 * group_steps<QT>());
     const int64_t bytes_per_block = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
     const int64_t grain = std::max<int64_t>(1, (32 << 10) / bytes_per_block);
+    // Cache blocking for more than one tile of activation rows: each tile sweeps a panel of blocks small enough to
+    // stay in L2, rather than every tile visiting each block in turn. A tile's activations then stay in L1 and its
+    // outputs are written in runs of a panel's rows. Block by block, 16 rows through the LM head (262,144 output
+    // rows) wrote 16 scattered 64-byte pieces per block and ran at ~60-70 % of a small matrix's rate (585 against
+    // ~1,050 GFLOP/s on the 2-core Zen 4); by panels, ~80 %. Which tile or panel computes an output never changes
+    // its bits: every output takes the same operations whatever the loop order.
+    const int64_t panel = m_total > kMaxTile ? std::max<int64_t>(1, (192 << 10) / bytes_per_block) : 1;
     const PlaneWalk walk(planes);
     ridgeline::parallel_chunks(blocks, grain, [&](int64_t begin, int64_t end) {
-        for (int64_t block = begin; block < end; ++block) {
-            const Block w = walk.block(block);
+        for (int64_t first = begin; first < end; first += panel) {
+            const int64_t last = std::min(end, first + panel);
             for (int64_t m0 = 0; m0 < m_total; m0 += kMaxTile) {
                 const int tile = static_cast<int>(std::min<int64_t>(kMaxTile, m_total - m0));
-                float* outs[kMaxTile];
-                for (int t = 0; t < tile; ++t) outs[t] = out + (m0 + t) * rows + block * kRows;
-                dispatch_tile<QT>(tile, std::make_integer_sequence<int, kMaxTile>{}, w, groups, &x[m0], outs,
-                                  valid_rows(rows, block));
+                for (int64_t block = first; block < last; ++block) {
+                    float* outs[kMaxTile];
+                    for (int t = 0; t < tile; ++t) outs[t] = out + (m0 + t) * rows + block * kRows;
+                    dispatch_tile<QT>(tile, std::make_integer_sequence<int, kMaxTile>{}, walk.block(block), groups,
+                                      &x[m0], outs, valid_rows(rows, block));
+                }
             }
         }
     });
