@@ -130,6 +130,30 @@ def test_a_rows_bits_through_the_fused_layers_do_not_depend_on_its_batch(tiny_qu
         assert torch.equal(batched[2 + 2 * step], alone[1 + step])
 
 
+def three_long_prompts(path) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One prefill step of three 100-token prompts: 300 rows, so the fused layer's feed-forward runs in slices of
+    rows (csrc/decode_layer.cpp, kFeedForwardRows = 256), the second slice spanning two sequences."""
+    runner = assemble_model(path, ModelOptions(weights="quantized"), KVCacheConfig(block_size=4, dtype="bf16"),
+                            num_blocks=96).runner
+    tables = runner.kv_cache.group_tables
+    prompts = [(PROMPT * 5)[i : i + 100] for i in (0, 3, 7)]
+    chunks = [ForwardChunk(prompt, 0, tables(list(range(32 * i, 32 * i + 26))), all_logits=True)
+              for i, prompt in enumerate(prompts)]
+    return runner.run(chunks), runner.kv_cache.tensors
+
+
+@needs_compiled
+def test_a_long_prefill_step_through_the_fused_layers_gives_the_module_paths_bits(tiny_quantized, monkeypatch):
+    counting = Counting(monkeypatch)
+    fused_logits, fused_cache = three_long_prompts(tiny_quantized)
+    assert counting.calls > 0
+    monkeypatch.setattr(decode_layer, "enabled", False)
+    module_logits, module_cache = three_long_prompts(tiny_quantized)
+    assert_same_bits(fused_logits, module_logits)
+    for written, expected in zip(fused_cache, module_cache):
+        assert torch.equal(written, expected)
+
+
 @pytest.mark.slow
 @needs_compiled
 def test_the_default_model_steps_give_the_module_paths_bits(monkeypatch):

@@ -4,7 +4,11 @@
 
 #include "kernels.h"
 
+#include <algorithm>
+
 namespace ridgeline {
+
+constexpr int64_t kFeedForwardRows = 256;  // rows per pass through the feed-forward in a long prefill step
 
 torch::Tensor PackedLinear::operator()(const torch::Tensor& x) const {
     torch::Tensor y = gemv(qtype, x, planes[0], planes[1], planes[2], planes[3], planes[4], planes[5], rows);
@@ -46,9 +50,25 @@ torch::Tensor DecodeLayer::forward(const torch::Tensor& h, const LayerStep& step
                                                    step.block_size, scale_, sinks_);
     const torch::Tensor after_attention = add_residual(o_(attended.view({tokens, -1})), norms_.post_attn, h);
 
-    // feed-forward: GatedMLP.forward
-    const auto gate_up = gate_up_(rms_norm(after_attention, norms_.ffn, norms_.eps, none));
-    const torch::Tensor mixed = down_(gated_activation(gate_up[0], gate_up[1], gelu_));
+    // feed-forward: GatedMLP.forward, a slice of rows at a time for a long prefill step. Every op of it treats each
+    // row alone, so the bits are the same; what changes is the size of the intermediates. At 2,048 rows the gate/up
+    // output is 2,048 x 4,096 float32s (32 MiB): above glibc's largest mmap threshold, so each layer mapped it
+    // afresh (~8,000 page faults) and it spilled out of the caches between the matmul and the activation.
+    const torch::Tensor normed = rms_norm(after_attention, norms_.ffn, norms_.eps, none);
+    auto feed_forward = [&](const torch::Tensor& rows) {
+        const auto gate_up = gate_up_(rows);
+        return down_(gated_activation(gate_up[0], gate_up[1], gelu_));
+    };
+    torch::Tensor mixed;
+    if (tokens <= kFeedForwardRows) {
+        mixed = feed_forward(normed);
+    } else {
+        mixed = torch::empty_like(after_attention);
+        for (int64_t first = 0; first < tokens; first += kFeedForwardRows) {
+            const int64_t end = std::min(tokens, first + kFeedForwardRows);
+            mixed.slice(0, first, end).copy_(feed_forward(normed.slice(0, first, end)));
+        }
+    }
     return add_residual(mixed, norms_.post_ffn, after_attention);
 }
 
