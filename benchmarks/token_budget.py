@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 
 import httpx
-from served import ridgeline_server
+from ridgeline.bench.served import ridgeline_server
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
 
