@@ -10,8 +10,11 @@ unquantised activations the error is that of 8-bit rounding: about 0.3 % of each
 averaging out over a dot product to well under 2 %.
 """
 
+import resource
+
 import numpy as np
 import pytest
+
 import torch
 from compiled_kernels import needs_compiled
 from gguf import GGMLQuantizationType as T
@@ -96,6 +99,40 @@ def test_gemv_rows_over_panels_of_blocks_match_one_row_at_a_time(qtype):
         assert torch.equal(kernels.gemv(pack(stored), x[i : i + 1])[0], together[i]), f"row {i}"
     exact = int8_activations(x) @ stored.dequantize().double().T
     torch.testing.assert_close(together.double(), exact, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@needs_compiled
+def test_a_large_gemv_output_is_reused_once_freed_without_page_faults():
+    # 144 rows x 65,536 outputs: a 36 MiB result, above glibc's largest mmap threshold (32 MiB), which maps such
+    # an allocation afresh every time (~9,200 page faults to write it). Kept by csrc/large_buffers.h once freed,
+    # its buffer serves the next such call with no new mapping.
+    packed = pack(random_stored(T.Q8_0, (65536, 64), seed=12))
+    x = torch.randn(144, 64, generator=torch.Generator().manual_seed(13))
+    expected = kernels.gemv(packed, x).clone()
+    kernels.gemv(packed, x)  # made and freed: its buffer is kept
+    before = minor_faults()
+    again = kernels.gemv(packed, x)
+    faults = minor_faults() - before
+    assert torch.equal(again, expected)
+    assert faults < 1000, f"{faults} page faults writing a reused 36 MiB output"
+
+
+@needs_compiled
+def test_large_gemv_outputs_alive_together_never_share_memory():
+    packed = pack(random_stored(T.Q8_0, (65536, 64), seed=12))
+    x1, x2 = torch.randn(80, 64), torch.randn(80, 64)
+    first = kernels.gemv(packed, x1)
+    kept = first.clone()
+    second = kernels.gemv(packed, x2)
+    assert first.data_ptr() != second.data_ptr()
+    assert torch.equal(first, kept)  # the second call wrote elsewhere
+    del first
+    third = kernels.gemv(packed, x1)  # may take the freed buffer back, never the one `second` holds
+    assert third.data_ptr() != second.data_ptr() and torch.equal(third, kept)
 
 
 @needs_compiled

@@ -22,6 +22,7 @@
 // the rest). Each activation row's result takes the same operations in the same order whatever the number of
 // rows or the row's place in its tile, so a row's output does not depend on its batch.
 #include "kernels.h"
+#include "large_buffers.h"
 #include "parallel.h"
 #include "simd_math.h"
 
@@ -425,7 +426,7 @@ torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::
                               sum32.data() + i * k / 32};
         }
     });
-    auto out = torch::empty({m_total, rows}, x.options());
+    auto out = large_buffers().empty_float(m_total, rows);
     dispatch(qtype, [&](auto type) { gemv_typed<decltype(type)::value>(planes, activations, out.data_ptr<float>(), rows, k); });
     return out;
 }
