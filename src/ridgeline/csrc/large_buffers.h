@@ -53,12 +53,6 @@ public:
                                 torch::TensorOptions().dtype(torch::kFloat32));
     }
 
-    // Buffers kept now (for tests).
-    size_t kept_count() {
-        std::lock_guard<std::mutex> hold(mutex_);
-        return free_.size();
-    }
-
 private:
     static constexpr size_t kAlign = size_t{2} << 20;  // whole huge-page-sized pieces: no partial pages to share
 
@@ -68,15 +62,15 @@ private:
     };
 
     void give_back(void* data, size_t bytes) {
+        if (bytes > kKeepBytes) {  // too large to keep at all: leave the kept ones be
+            std::free(data);
+            return;
+        }
         std::lock_guard<std::mutex> hold(mutex_);
         while (!free_.empty() && kept_ + bytes > kKeepBytes) {  // the oldest go first
             std::free(free_.front().data);
             kept_ -= free_.front().bytes;
             free_.erase(free_.begin());
-        }
-        if (bytes > kKeepBytes) {
-            std::free(data);
-            return;
         }
         free_.push_back({data, bytes});
         kept_ += bytes;
