@@ -56,6 +56,8 @@ def test_prefill_cut_to_an_itl_target_equals_alone(prompts, alone):
     limited = [step for step in llm.engine.steps.recent() if step.prefill_limit is not None]
     assert limited and all(step.prefill_tokens <= step.prefill_limit for step in limited)
     assert any(step.itl_target_s is not None for step in limited)  # the estimate took over from the first page
+    # Its estimate prices a decode row, until decode steps of a full batch say otherwise, by the model's FLOPs.
+    assert llm.engine.step_cost.decode_row_ratio == llm.engine.steps.shape.decode_row_flops_ratio() > 2
 
 
 def test_prefix_cache_second_pass_all_hits_equals_alone(prompts, alone):

@@ -190,6 +190,14 @@ def test_a_real_gguf_is_measured_from_its_tensors_with_the_tied_embedding_counte
     assert shape.total_params == pytest.approx(model_spec("gemma-3-270m").reported_params, rel=0.01)
 
 
+def test_a_decode_row_costs_its_prompt_token_plus_its_row_of_the_lm_head():
+    shape = load_model_shape(None)  # Gemma 3 270M: 168M of its parameters are the (tied) embedding
+    body = 2 * shape.dense.params
+    assert shape.decode_row_flops_ratio() == pytest.approx((body + 2 * shape.lm_head.params) / body)
+    assert 2.5 < shape.decode_row_flops_ratio() < 2.8
+    assert model_spec("llama-2-7b").shape("Q4_K_M").decode_row_flops_ratio() == pytest.approx(1.0, abs=0.05)
+
+
 def test_unknown_names_are_user_errors():
     with pytest.raises(RidgelineError, match="unknown weight format"):
         model_spec("llama-2-7b").shape("Q3_XYZ")

@@ -80,8 +80,10 @@ class LLMEngine:
                                      f"{context} tokens")
             context = config.max_model_len
         self.proposer = NgramProposer(config.speculative) if config.speculative.num_tokens else None
-        # With an ITL target the scheduler prices steps with what this engine's own steps measured.
-        self.step_cost = OnlineStepCost() if config.scheduler.itl_target is not None else None
+        # With an ITL target the scheduler prices steps with what this engine's own steps measured, a decode row
+        # priced, until decode steps of a full batch say otherwise, at the model's FLOPs against a prompt token's.
+        self.step_cost = (OnlineStepCost(decode_row_ratio=self.steps.shape.decode_row_flops_ratio())
+                          if config.scheduler.itl_target is not None else None)
         self.scheduler = Scheduler(config.scheduler, self.num_pages, context, self.tokenizer.eos_ids,
                                    windows=[group.window for group in assembled.kv_cache.groups],
                                    block_size=config.kv_cache.block_size,

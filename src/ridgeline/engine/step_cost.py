@@ -17,9 +17,15 @@ pushes the last prefill measurements out (c_prompt would then be unknown, and re
 newer steps weigh more (the first steps of a process pay one-time costs; a shared machine's speed drifts).
 
 Early on, decode steps of one or two rows cannot tell c_step from c_decode, and a fit that put it all on the
-rows would predict a 32-row step 16x a 2-row one. A slight pull of c_decode toward zero settles that toward
-the step's fixed cost: it under-predicts a larger batch, whose first step then teaches the fit, rather than
-over-predicting it (which would let an ITL target grant a stall).
+rows would predict a 32-row step 16x a 2-row one. A slight pull settles c_decode instead toward what the model's
+arithmetic says a decode row costs against a prompt token (`decode_row_ratio`: a decode row computes all a prompt
+token does plus its row of the LM head, 2.7x the FLOPs on Gemma 3 270M, whose LM head is 168M of its 268M
+parameters). Until then the fit has only the steps of a burst's start to go on: prefill chunks with a few
+decodes beside them, where a decode row's share is small and noisy. Pulled toward zero, as it once was, c_decode
+stayed near 0 there, a 32-row decode step was predicted at 12 ms against the 50-65 ms it takes, and the ITL
+target (a multiple of that step) held every mixed step to the floor of prefill. Without a ratio (0) the pull is
+toward zero: a step-cost model that is not told the model's shape under-predicts a larger batch, whose first
+step then teaches the fit.
 """
 
 from collections import deque
@@ -31,8 +37,9 @@ from ridgeline.engine.scheduler import StepChunk  # (start, num_tokens, samples)
 
 WINDOW = 32  # steps kept of each kind (with prompt tokens, without)
 RECENCY = 0.9  # a step's weight against the next newer one of its kind (half-weight ~7 steps back)
-DECODE_PULL = 0.3  # how hard c_decode is pulled to zero (against the heaviest step, weighing 1): enough to settle
-# two batch sizes a few percent apart in time, too little to bend a fit over steps of 1 to 32 rows
+DECODE_PULL = 0.3  # how hard c_decode is pulled toward decode_row_ratio x c_prompt (against the heaviest step,
+# weighing 1): enough to settle two batch sizes a few percent apart in time, too little to bend a fit over steps
+# of 1 to 32 rows
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -78,7 +85,10 @@ def step_features(chunks: Iterable[StepChunk]) -> tuple[int, int]:
 class OnlineStepCost:
     """Step time fitted to the engine's recent steps; predict() is None until it has seen enough to answer."""
 
-    def __init__(self, window: int = WINDOW):
+    def __init__(self, window: int = WINDOW, decode_row_ratio: float = 0.0):
+        if decode_row_ratio < 0:
+            raise ValueError(f"decode_row_ratio must be >= 0, got {decode_row_ratio}")
+        self.decode_row_ratio = decode_row_ratio
         self._with_prompt: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._without_prompt: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._coefficients: tuple[float, float, float] | None = None
@@ -107,7 +117,9 @@ class OnlineStepCost:
                 # prefill), times the step's recency.
                 weight = np.power(RECENCY, ages) / y
                 a, b = x * weight[:, None], weight * y
-                pull = np.array([[0.0, DECODE_PULL * np.abs(a[:, 1]).max(), 0.0]])
+                # c_decode - ratio * c_prompt ~ 0, weighed against the heaviest decode column entry.
+                strength = DECODE_PULL * np.abs(a[:, 1]).max()
+                pull = np.array([[0.0, strength, -strength * self.decode_row_ratio]])
                 coefficients = nonnegative_least_squares(np.vstack([a, pull]), np.append(b, 0.0))
                 self._coefficients = tuple(float(c) for c in coefficients)
         return self._coefficients

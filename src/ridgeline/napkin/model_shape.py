@@ -58,6 +58,12 @@ class ModelShape:
     def matmul_flops_per_token(self) -> float:
         return 2 * self.active_params
 
+    def decode_row_flops_ratio(self) -> float:
+        """A decode row's matmul FLOPs over a prompt token's: a prompt token that samples nothing skips the LM head,
+        a decode row computes it (Gemma 3 270M: 2.7, its 262k-row LM head outweighing all its layers)."""
+        body = self.matmul_flops_per_token() - 2 * self.lm_head.params
+        return self.matmul_flops_per_token() / body if body > 0 else 1.0
+
     def expert_fraction_read(self, tokens: float) -> float:
         """Expected share of experts a step over `tokens` tokens touches, if routing spreads uniformly."""
         if not self.num_experts:
