@@ -139,7 +139,8 @@ def test_decode_steps_of_a_full_batch_overrule_the_model_s_ratio():
     # 8 to 32 rows ran, the fit follows them, not the ratio.
     truth = (0.009, 0.0006, 0.00068)
     cost = OnlineStepCost(decode_row_ratio=GEMMA_RATIO)
-    cost.observe(chunks(0, 512), truth[0] + truth[2] * 512)
+    for prompt_tokens in (64, 512, 1024, 2048):  # what a prompt token costs is known as well
+        cost.observe(chunks(0, prompt_tokens), truth[0] + truth[2] * prompt_tokens)
     for step in range(32):
         decode_rows = 8 + step % 25
         cost.observe(chunks(decode_rows, 0), truth[0] + truth[1] * decode_rows)
@@ -149,3 +150,15 @@ def test_decode_steps_of_a_full_batch_overrule_the_model_s_ratio():
 def test_a_negative_decode_row_ratio_is_refused():
     with pytest.raises(ValueError, match="decode_row_ratio"):
         OnlineStepCost(decode_row_ratio=-1)
+
+
+def test_decode_steps_of_one_batch_size_keep_the_model_s_ratio_for_the_slope():
+    # A burst's tail: every decode-only step runs the same ~32 rows, which says what 32 rows cost but not what a
+    # row does. The ratio keeps pricing the slope until batches at least SLOPE_SPAN rows apart have run.
+    cost = OnlineStepCost(decode_row_ratio=GEMMA_RATIO)
+    burst_start(cost)
+    for step in range(40):
+        decode_rows = 30 + step % 3
+        cost.observe(chunks(decode_rows, 0), burst_seconds(decode_rows, 0))
+    assert cost.predict(chunks(32, 0)) == pytest.approx(burst_seconds(32, 0), rel=0.05)
+    assert cost.predict(chunks(12, 0)) == pytest.approx(burst_seconds(12, 0), rel=0.25)

@@ -37,9 +37,15 @@ from ridgeline.engine.scheduler import StepChunk  # (start, num_tokens, samples)
 
 WINDOW = 32  # steps kept of each kind (with prompt tokens, without)
 RECENCY = 0.9  # a step's weight against the next newer one of its kind (half-weight ~7 steps back)
-DECODE_PULL = 0.3  # how hard c_decode is pulled toward decode_row_ratio x c_prompt (against the heaviest step,
-# weighing 1): enough to settle two batch sizes a few percent apart in time, too little to bend a fit over steps
-# of 1 to 32 rows
+DECODE_PULL = 0.3  # how hard c_decode is pulled toward zero without a ratio (against the heaviest step, weighing
+# 1): enough to settle two batch sizes a few percent apart in time, too little to bend a fit over steps of 1 to 32
+# rows
+RATIO_PULL = 1.0  # how hard c_decode is held to decode_row_ratio x c_prompt: an informed prior, not a tie-breaker.
+# At 0.3 the fit still slid to c_decode ~0 for stretches of a burst's start (the first, slower steps after idle
+# disagree with the later ones on c_prompt), and the predicted 32-row step ranged 0.3-2x the real one within a
+# run; at 1.0 it stays within ~0.9-1.4x (replayed on the step logs of 10 bursts).
+SLOPE_SPAN = 8  # decode-only steps this many rows apart in batch size tell c_decode from c_step by themselves: the
+# ratio then gives way to the weak pull, so the engine's own decode steps overrule the model's arithmetic
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -118,8 +124,11 @@ class OnlineStepCost:
                 weight = np.power(RECENCY, ages) / y
                 a, b = x * weight[:, None], weight * y
                 # c_decode - ratio * c_prompt ~ 0, weighed against the heaviest decode column entry.
-                strength = DECODE_PULL * np.abs(a[:, 1]).max()
-                pull = np.array([[0.0, strength, -strength * self.decode_row_ratio]])
+                batch_sizes = [decode_rows for decode_rows, _, _ in self._without_prompt]
+                measured_slope = bool(batch_sizes) and max(batch_sizes) - min(batch_sizes) >= SLOPE_SPAN
+                ratio = 0.0 if measured_slope else self.decode_row_ratio
+                strength = (RATIO_PULL if ratio else DECODE_PULL) * np.abs(a[:, 1]).max()
+                pull = np.array([[0.0, strength, -strength * ratio]])
                 coefficients = nonnegative_least_squares(np.vstack([a, pull]), np.append(b, 0.0))
                 self._coefficients = tuple(float(c) for c in coefficients)
         return self._coefficients
