@@ -84,3 +84,33 @@ def test_moving_or_casting_the_model_keeps_the_weight_intact(stored):
     before = layer(x)
     layer.to(torch.device("cpu")).float()  # what a model-wide .to()/.float() does to every buffer
     torch.testing.assert_close(layer(x), before)
+
+
+def scripted_timer(gemv_wins_at: set[int], disturbed: set[int] = frozenset()):
+    """A timer for measure_crossover: the gemv is faster at the row counts in gemv_wins_at, except those in
+    `disturbed`, where a burst of other work lands on the gemv's timing."""
+    from ridgeline.model.quant.crossover import CANDIDATE_ROWS
+
+    calls = iter(path for rows in CANDIDATE_ROWS for path in (("gemv", rows), ("gemm", rows)))
+
+    def timer(call) -> float:
+        path, rows = next(calls)
+        gemv_faster = rows in gemv_wins_at and rows not in disturbed
+        return (1.0 if gemv_faster else 2.0) if path == "gemv" else 1.5
+    return timer
+
+
+def test_one_disturbed_timing_does_not_set_the_crossover():
+    from gguf import GGMLQuantizationType
+
+    from ridgeline.model.quant.crossover import CANDIDATE_ROWS, measure_crossover
+
+    below_64 = {rows for rows in CANDIDATE_ROWS if rows < 64}
+    q = GGMLQuantizationType.Q8_0
+    assert measure_crossover(q, (64, 64), timer=scripted_timer(below_64))["crossover"] == 64
+    # A burst of other work during the 2-row gemv timing: the GEMM "wins" once, then loses at 4 rows again.
+    assert measure_crossover(q, (64, 64), timer=scripted_timer(below_64, disturbed={2}))["crossover"] == 64
+    # Never won: the gemv throughout; won only at the last candidate: that one.
+    assert measure_crossover(q, (64, 64), timer=scripted_timer(set(CANDIDATE_ROWS)))["crossover"] == CANDIDATE_ROWS[-1] + 1
+    every_but_last = set(CANDIDATE_ROWS[:-1])
+    assert measure_crossover(q, (64, 64), timer=scripted_timer(every_but_last))["crossover"] == CANDIDATE_ROWS[-1]
