@@ -59,6 +59,16 @@ class EngineConfig:
         return ModelOptions(device=torch.device(self.device), dtype=DTYPES[self.dtype], lm_head=self.lm_head)
 
 
+def sampled_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The logits rows to sample from, without copying [rows, vocab] when they are one run of rows. A decode step
+    samples every row; a step with a prefill chunk that does not finish its prompt samples the decode rows in
+    front of it, and a gathered copy of those (16 MB for 16 rows of Gemma's 262k vocabulary) took ~4 % of the
+    engine thread's time in a served burst (py-spy)."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return logits[rows[0]:rows[0] + len(rows)]
+    return logits[rows]
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         if config.threads:
@@ -179,8 +189,7 @@ class LLMEngine:
         rows = [row for _, rows in batched for row in rows]
         result = None
         if rows:
-            # A pure decode step samples every row: hand the logits over as they are instead of copying [B, vocab].
-            sample_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]
+            sample_logits = sampled_rows(logits, rows)
             result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
                                   [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
         samples, first = [], 0
