@@ -1,7 +1,7 @@
 #!/bin/sh
 # Long coverage-guided runs of both model-file targets (atheris). Crashers land in the printed work
-# directories; keep each as a regression file in tests/data/fuzz/gguf/ (raw bytes) or
-# tests/data/fuzz/hf_config/ (the JSON `fuzz_hf_config.py --show FILE` prints).
+# directories; keep each as a seed mutation in tests/fuzz/seeds.py's CRASHER_GGUFS (the repository tracks no
+# model files) or in tests/data/fuzz/hf_config/ (the JSON `fuzz_hf_config.py --show FILE` prints).
 #   scripts/fuzz_files.sh [SECONDS_EACH]   (default 600)
 set -e
 seconds=${1:-600}

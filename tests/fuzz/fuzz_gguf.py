@@ -6,8 +6,9 @@ config -> tensor shapes -> tokenizer (built, then used to encode and decode).
 
 Every input must load, or end in ModelLoadError with a one-line message. Anything else (another exception,
 a hang past -timeout, RSS past -rss_limit_mb) is a crash: libFuzzer stops and writes the input as
-crash-<sha1> (or timeout-/oom-) under the printed work directory; keep it in tests/data/fuzz/gguf/.
-Starts from small valid files (seeds.py) and the regression files already kept.
+crash-<sha1> (or timeout-/oom-) under the printed work directory; keep it as a seed mutation in
+seeds.CRASHER_GGUFS (the repository tracks no model files). Starts from small valid files (seeds.py) and the
+crashers already found.
 """
 
 import sys
@@ -23,9 +24,8 @@ with atheris.instrument_imports(include=["ridgeline", "gguf"]):
     from ridgeline.errors import ModelLoadError
     from ridgeline.model.checkpoint import read_checkpoint
 
-from seeds import write_seed_ggufs  # noqa: E402
+from seeds import write_crasher_ggufs, write_seed_ggufs  # noqa: E402
 
-REGRESSIONS = HERE.parent / "data" / "fuzz" / "gguf"
 WORK = Path(tempfile.mkdtemp(prefix="ridgeline-fuzz-gguf-"))
 INPUT = WORK / "input.gguf"
 
@@ -53,11 +53,12 @@ def main(argv: list[str]) -> None:
     options = [a for a in argv[1:] if a.startswith("-")]
     corpora = [a for a in argv[1:] if not a.startswith("-")]
     seeds = write_seed_ggufs(WORK / "seeds")[0].parent
+    crashers = write_crasher_ggufs(WORK / "crashers")[0].parent
     corpus = WORK / "corpus"  # new inputs go here, not into the repository
     corpus.mkdir()
     defaults = ["-timeout=20", "-rss_limit_mb=4096", f"-artifact_prefix={WORK}/", "-print_final_stats=1"]
     print(f"fuzz_gguf: work directory {WORK}", file=sys.stderr)
-    atheris.Setup([argv[0], *defaults, *options, str(corpus), str(seeds), str(REGRESSIONS), *corpora], test_one_input)
+    atheris.Setup([argv[0], *defaults, *options, str(corpus), str(seeds), str(crashers), *corpora], test_one_input)
     atheris.Fuzz()
 
 

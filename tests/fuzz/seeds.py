@@ -142,3 +142,30 @@ def write_seed_safetensors(path: Path, config: dict) -> Path:
         })
     save_file(tensors, str(path))
     return path
+
+
+# What coverage-guided fuzzing found, each kept as the change to a seed file that reproduces it (the repository
+# tracks no model files): name -> a function writing that file. A new crasher goes here, reduced to the part of
+# the input that matters, with the ModelLoadError it must now end in (tests/test_hostile_files.py checks both).
+def _layer_without_attn_q(path: Path) -> Path:
+    # libFuzzer flipped one byte of a tensor name: the layer's attn_q is gone (was a KeyError deep in the loader).
+    seed = write_seed_gguf(path, "llama", "spm")
+    seed.write_bytes(seed.read_bytes().replace(b"blk.0.attn_q.weight", b"blk.0.attn[q.weight"))
+    return seed
+
+
+def _bpe_merge_without_space(path: Path) -> Path:
+    # A BPE merge that is not "left right" (was an unpacking ValueError in the tokenizer's build).
+    return write_seed_gguf(path, "qwen2", "bpe", overrides={
+        "tokenizer.ggml.merges": (["a b", "\0\0\x005", "\u0120a b"], gguf.GGUFValueType.ARRAY)})
+
+
+CRASHER_GGUFS = {  # name -> (writer, what the load must say)
+    "layer_without_attn_q": (_layer_without_attn_q, "missing tensor blk.0.attn_q.weight"),
+    "bpe_merge_without_space": (_bpe_merge_without_space, "should be a list of 'left right' strings"),
+}
+
+
+def write_crasher_ggufs(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    return [write(directory / f"{name}.gguf") for name, (write, _) in CRASHER_GGUFS.items()]
