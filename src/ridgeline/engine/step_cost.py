@@ -17,14 +17,15 @@ pushes the last prefill measurements out (c_prompt would then be unknown, and re
 newer steps weigh more (the first steps of a process pay one-time costs; a shared machine's speed drifts).
 
 Early on, decode steps of one or two rows cannot tell c_step from c_decode, and a fit that put it all on the
-rows would predict a 32-row step 16x a 2-row one. A slight pull settles c_decode instead toward what the model's
-arithmetic says a decode row costs against a prompt token (`decode_row_ratio`: a decode row computes all a prompt
-token does plus its row of the LM head, 2.7x the FLOPs on Gemma 3 270M, whose LM head is 168M of its 268M
-parameters). Until then the fit has only the steps of a burst's start to go on: prefill chunks with a few
-decodes beside them, where a decode row's share is small and noisy. Pulled toward zero, as it once was, c_decode
-stayed near 0 there, a 32-row decode step was predicted at 12 ms against the 50-65 ms it takes, and the ITL
-target (a multiple of that step) held every mixed step to the floor of prefill. Without a ratio (0) the pull is
-toward zero: a step-cost model that is not told the model's shape under-predicts a larger batch, whose first
+rows would predict a 32-row step 16x a 2-row one. So until decode-only steps of batch sizes SLOPE_SPAN rows
+apart have run, c_decode is held to what the model's arithmetic says a decode row costs against a prompt token
+(`decode_row_ratio`: a decode row computes all a prompt token does plus its row of the LM head, 2.7x the FLOPs
+on Gemma 3 270M, whose LM head is 168M of its 268M parameters). Until then the fit has only the steps of a
+burst's start to go on: prefill chunks with a few decodes beside them, where a decode row's share is small and
+noisy. Pulled toward zero, as it once was, c_decode stayed near 0 there, a 32-row decode step was predicted at
+12 ms against the 50-65 ms it takes, and the ITL target (a multiple of that step) held every mixed step to the
+floor of prefill. Once the slope is measured, and always without a ratio (0), a slight pull toward zero only
+breaks ties: a step-cost model that is not told the model's shape under-predicts a larger batch, whose first
 step then teaches the fit.
 """
 
