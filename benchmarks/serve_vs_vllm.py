@@ -6,12 +6,15 @@ The burst (issue 16): 32 requests sent at once, ≈256-token prompts (256 filler
 server), 64 output tokens each (greedy, `ignore_eos`, which vLLM and ridgeline both honour; every engine's output
 token count is checked), after a warm-up burst of other prompts. Servers, in turn, on a loopback port:
   - ridgeline serve on the bundled Gemma 3 270M Q4_K_M GGUF, with default settings, as a user starts it;
+  - ridgeline serve tuned for the burst with the knobs vLLM's tuned setting turns (ridgeline_tuned below): the
+    like-for-like comparison with vllm-tuned;
   - vLLM's OpenAI server (what `vllm serve` starts) on the same model converted to a bf16 Hugging Face directory
     (benchmarks/vllm_model.py), first with default settings, then tuned for this machine (vllm_tuned below).
 vLLM's environment (benchmarks/.venv-vllm) and the converted model (benchmarks/.vllm-model/) are built on first use
 (vllm_env.py, vllm_model.py). The measurements hold /tmp/ridgeline-cpu.lock so nothing else shares the CPUs.
 
-Target: ridgeline >= 1.5x each vLLM setting's output tok/s.
+Target: ridgeline >= 1.5x each vLLM setting's output tok/s. Reported: ridgeline's default against each vLLM
+setting, and ridgeline-tuned against vllm-tuned.
 """
 
 import argparse
@@ -35,7 +38,7 @@ from ridgeline.model.checkpoint import resolve_model_path
 
 THROUGHPUT_TARGET = 1.5  # x vLLM's output tok/s, for each of its settings
 CPU_LOCK = Path("/tmp/ridgeline-cpu.lock")
-ENGINES = ("ridgeline", "vllm-default", "vllm-tuned")
+ENGINES = ("ridgeline", "ridgeline-tuned", "vllm-default", "vllm-tuned")
 VLLM_READY_TIMEOUT_S = 1800  # vLLM compiles the model with torch inductor at start-up: minutes on 2 cores
 ROWS = (
     ("output tok/s", "output_tokens_per_s", "{:.1f}"),
@@ -48,9 +51,28 @@ ROWS = (
 )
 
 
-def ridgeline_command(model: Path, port: int) -> list[str]:
-    """Defaults, as a user runs it: only the model and the port."""
-    return [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(model), "--port", str(port)]
+def ridgeline_command(model: Path, port: int, tuned: list[str] | None = None) -> list[str]:
+    """Defaults, as a user runs it: only the model and the port; or with `tuned` (ridgeline_tuned's) flags."""
+    return [sys.executable, "-c", "from ridgeline.cli import main; main()", "serve", str(model), "--port", str(port),
+            *(tuned or [])]
+
+
+def burst_batched_tokens(burst: int, input_len: int, output_len: int) -> int:
+    """The token budget of a step that takes the whole burst's prompts at once (room for words that split into
+    several tokens), as both tuned settings set it."""
+    return max(burst * (input_len + output_len), 2048)
+
+
+def ridgeline_tuned(burst: int, input_len: int, output_len: int) -> list[str]:
+    """ridgeline's flags for this burst: the knobs vllm_tuned turns, and nothing else.
+
+    - --max-num-seqs the burst and --max-num-batched-tokens vLLM's value, so the burst's prompts are prefilled in
+      as few steps as the scheduler allows;
+    - --itl-target-ms off: vLLM has no ITL target (its steps fill the token budget whatever decodes run), and the
+      target is what holds ridgeline's default to short prefill chunks beside decodes (docs/token_budget.md).
+    The threads and the KV cache stay ridgeline's defaults (every core; 2 GiB holds the burst many times over)."""
+    return ["--max-num-seqs", str(burst), "--max-num-batched-tokens", str(burst_batched_tokens(burst, input_len, output_len)),
+            "--itl-target-ms", "off"]
 
 
 # vLLM's defaults do not start on this machine: on CPU --gpu-memory-utilization (default 0.92) is the fraction of ALL
@@ -91,7 +113,7 @@ def vllm_tuned(threads: int, burst: int, input_len: int, output_len: int, venv_l
         env["LD_PRELOAD"] = str(iomp)
     max_model_len = 2 * (input_len + output_len)  # room for words that split into several tokens
     args = ["--dtype", "bfloat16", "--max-num-seqs", str(burst), "--max-model-len", str(max_model_len),
-            "--max-num-batched-tokens", str(max(burst * max_model_len // 2, 2048))]
+            "--max-num-batched-tokens", str(burst_batched_tokens(burst, input_len, output_len))]
     return {"env": env, "args": args}
 
 
@@ -135,12 +157,16 @@ def step_breakdown(steps: list[dict]) -> dict:
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
-    """ridgeline's output tok/s over each vLLM setting's."""
-    ours = results.get("ridgeline")
-    if ours is None:
-        return {}
-    return {f"vs_{name}": ours["output_tokens_per_s"] / column["output_tokens_per_s"]
-            for name, column in results.items() if name != "ridgeline" and column["output_tokens_per_s"] > 0}
+    """ridgeline's output tok/s over each vLLM setting's ("vs_vllm-tuned"), and ridgeline-tuned's over
+    vllm-tuned's ("tuned_vs_vllm-tuned"): like for like. (Tuned against default would say nothing a user needs.)"""
+    found = {}
+    ours, tuned, theirs_tuned = results.get("ridgeline"), results.get("ridgeline-tuned"), results.get("vllm-tuned")
+    for name, column in results.items():
+        if name.startswith("vllm") and column["output_tokens_per_s"] > 0 and ours is not None:
+            found[f"vs_{name}"] = ours["output_tokens_per_s"] / column["output_tokens_per_s"]
+    if tuned is not None and theirs_tuned is not None and theirs_tuned["output_tokens_per_s"] > 0:
+        found["tuned_vs_vllm-tuned"] = tuned["output_tokens_per_s"] / theirs_tuned["output_tokens_per_s"]
+    return found
 
 
 def full_length(column: dict, burst: int, output_len: int) -> bool:
@@ -205,8 +231,9 @@ def main() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         started = time.time()
         for name in engines:
-            if name == "ridgeline":
-                command, env, timeout = ridgeline_command(gguf, free_port()), server_env({}), 600
+            if name.startswith("ridgeline"):
+                flags = ridgeline_tuned(args.concurrency, args.input_len, args.output_len) if name == "ridgeline-tuned" else None
+                command, env, timeout = ridgeline_command(gguf, free_port(), flags), server_env({}), 600
                 inspect = ridgeline_steps
             else:
                 setting = tuned if name == "vllm-tuned" else None
@@ -247,15 +274,17 @@ def main() -> None:
     print(f"{gguf.name}: a burst of {args.concurrency} requests, {args.input_len}-word prompts, "
           f"{args.output_len} tokens out")
     print_table(results, ROWS)
-    steps = settings.get("ridgeline", {}).get("steps")
-    if isinstance(steps, dict) and steps["steps"]:
-        print(f"ridgeline's forward passes: {steps['prefill_steps_s']:.2f} s in {steps['prefill_steps']} steps that "
-              f"prefill ({steps['prefill_tokens']} tokens, {steps['prefill_tokens_per_s']:.0f} tok/s with "
-              f"{steps['decode_rows_in_prefill_steps']} decode rows alongside), {steps['decode_only_s']:.2f} s in "
-              f"{steps['decode_only_steps']} decode-only steps (mean batch {steps['decode_only_mean_batch'] or 0:.1f}, "
-              f"{steps['decode_only_mean_step_ms'] or 0:.1f} ms each)")
-    for name, ratio in report["throughput_ratios"].items():
-        print(f"ridgeline {name.replace('_', ' ')}: {ratio:.2f}x (target {THROUGHPUT_TARGET}x: "
+    for name in ("ridgeline", "ridgeline-tuned"):
+        steps = settings.get(name, {}).get("steps")
+        if isinstance(steps, dict) and steps["steps"]:
+            print(f"{name}'s forward passes: {steps['prefill_steps_s']:.2f} s in {steps['prefill_steps']} steps that "
+                  f"prefill ({steps['prefill_tokens']} tokens, {steps['prefill_tokens_per_s']:.0f} tok/s with "
+                  f"{steps['decode_rows_in_prefill_steps']} decode rows alongside), {steps['decode_only_s']:.2f} s in "
+                  f"{steps['decode_only_steps']} decode-only steps (mean batch "
+                  f"{steps['decode_only_mean_batch'] or 0:.1f}, {steps['decode_only_mean_step_ms'] or 0:.1f} ms each)")
+    for key, ratio in report["throughput_ratios"].items():
+        ours, theirs = key.split("vs_")
+        print(f"ridgeline{' tuned' if ours else ''} vs {theirs}: {ratio:.2f}x (target {THROUGHPUT_TARGET}x: "
               f"{'met' if ratio >= THROUGHPUT_TARGET else 'missed'})")
     for name, setting in settings.items():
         if "failed_to_start" in setting:

@@ -36,6 +36,7 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
     "inspected"."""
     port = int(command[command.index("--port") + 1])
     url = f"http://127.0.0.1:{port}"
+    Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     log = open(Path(args.log_dir) / f"{name}.log", "w")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:

@@ -62,11 +62,30 @@ def test_ridgeline_runs_with_its_defaults(bench):
     assert command[command.index("serve"):] == ["serve", "/m.gguf", "--port", "9000"]
 
 
+def test_ridgeline_tuned_turns_the_knobs_vllm_tuned_turns(bench, tmp_path):
+    flags = bench.ridgeline_tuned(burst=32, input_len=256, output_len=64)
+    command = bench.ridgeline_command(Path("/m.gguf"), 9000, flags)
+    assert command[command.index("serve"):] == ["serve", "/m.gguf", "--port", "9000", *flags]
+    ours = dict(zip(flags[::2], flags[1::2]))
+    theirs = bench.vllm_tuned(threads=2, burst=32, input_len=256, output_len=64, venv_lib=tmp_path)["args"]
+    theirs = dict(zip(theirs[::2], theirs[1::2]))
+    for knob in ("--max-num-seqs", "--max-num-batched-tokens"):  # the same batch and token budget as vLLM's
+        assert ours[knob] == theirs[knob]
+    assert ours["--itl-target-ms"] == "off"  # vLLM has no ITL target: its steps fill the budget
+    from ridgeline.cli.engine_options import parse_itl_target
+    assert parse_itl_target(ours["--itl-target-ms"]) is None  # and the server reads "off" as no target
+
+
 def test_ratios_and_full_length(bench):
     results = {"ridgeline": {"output_tokens_per_s": 150.0}, "vllm-default": {"output_tokens_per_s": 100.0},
                "vllm-tuned": {"output_tokens_per_s": 200.0}}
     assert bench.ratios(results) == {"vs_vllm-default": 1.5, "vs_vllm-tuned": 0.75}
     assert bench.ratios({"vllm-tuned": {"output_tokens_per_s": 1.0}}) == {}
+    # ridgeline-tuned is compared with vllm-tuned only: like for like.
+    assert bench.ratios(results | {"ridgeline-tuned": {"output_tokens_per_s": 300.0}}) == {
+        "vs_vllm-default": 1.5, "vs_vllm-tuned": 0.75, "tuned_vs_vllm-tuned": 1.5}
+    assert bench.ratios({"ridgeline-tuned": {"output_tokens_per_s": 3.0}, "vllm-tuned": {"output_tokens_per_s": 2.0}}) \
+        == {"tuned_vs_vllm-tuned": 1.5}
     done = {"completed": 32, "failed": 0, "output_tokens": 32 * 64}
     assert bench.full_length(done, 32, 64)
     assert not bench.full_length(done | {"output_tokens": 32 * 64 - 1}, 32, 64)  # one request stopped early
