@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -169,6 +170,15 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
     return found
 
 
+def median_figures(runs: list[dict]) -> dict:
+    """One engine's figures over its rounds: the median of each throughput and latency figure; of the counts, the
+    worst round's (the fewest completed and output tokens, the most failed), so a short round is not hidden."""
+    numbers = {key for key, value in runs[0].items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    worst = {"completed": min, "output_tokens": min, "prompt_tokens": min, "failed": max}
+    return {key: worst[key](run[key] for run in runs) if key in worst else statistics.median(run[key] for run in runs)
+            for key in numbers}
+
+
 def full_length(column: dict, burst: int, output_len: int) -> bool:
     """Every request completed with exactly output_len tokens (the server's usage count)."""
     return column["completed"] == burst and column["failed"] == 0 and column["output_tokens"] == burst * output_len
@@ -206,7 +216,12 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=900, help="time limit per server's burst")
     parser.add_argument("--log-dir", default="/tmp", help="where the servers' logs go")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the figures to FILE")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every engine, in turn (a neighbour's load on a shared machine then falls on "
+                             "all of them alike); the table gives each figure's median over the rounds")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     args.num_prompts = args.concurrency  # one burst: every request in flight at once
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     if unknown := set(engines) - set(ENGINES):
@@ -226,36 +241,50 @@ def main() -> None:
         samples[name] = {}
         return lambda result: samples[name].__setitem__(result.prompt, result.text)
 
-    results, settings = {}, {}
+    rounds: list[dict[str, dict]] = []  # each round's figures per engine
+    settings: dict[str, dict] = {name: {} for name in engines}
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         started = time.time()
-        for name in engines:
-            if name.startswith("ridgeline"):
-                flags = ridgeline_tuned(args.concurrency, args.input_len, args.output_len) if name == "ridgeline-tuned" else None
-                command, env, timeout = ridgeline_command(gguf, free_port(), flags), server_env({}), 600
-                inspect = ridgeline_steps
-            else:
-                setting = tuned if name == "vllm-tuned" else None
-                command = vllm_command(python, model_dir, free_port(), setting)
-                env, timeout, inspect = server_env(setting["env"] if setting else {}), VLLM_READY_TIMEOUT_S, None
-            print(f"{name}: {' '.join(command)}", file=sys.stderr)
-            begin = time.monotonic()
-            settings[name] = {"command": command, "env": {k: v for k, v in env.items()
-                                                          if k.startswith("VLLM_") or k == "LD_PRELOAD"}}
-            try:
-                level = measure(name, command, "/health", args, env=env, ready_timeout_s=timeout,
-                                on_done=keep_text(name), inspect=inspect)
-            except RuntimeError as error:  # a server that does not start: say so, and measure the others
-                settings[name]["failed_to_start"] = str(error)
-                print(f"{name}: {error}", file=sys.stderr)
-                continue
-            results[name] = figures(level)
-            settings[name] |= {"wall_s_with_start_up": time.monotonic() - begin,
-                               "full_length": full_length(results[name], args.concurrency, args.output_len),
-                               "errors": level["errors"]}
-            if "inspected" in level:
-                settings[name]["steps"] = level["inspected"]
+        for round_index in range(args.repeats):
+            rounds.append({})
+            for name in engines:
+                if "failed_to_start" in settings[name]:
+                    continue
+                if name.startswith("ridgeline"):
+                    flags = (ridgeline_tuned(args.concurrency, args.input_len, args.output_len)
+                             if name == "ridgeline-tuned" else None)
+                    command, env, timeout = ridgeline_command(gguf, free_port(), flags), server_env({}), 600
+                    inspect = ridgeline_steps
+                else:
+                    setting = tuned if name == "vllm-tuned" else None
+                    command = vllm_command(python, model_dir, free_port(), setting)
+                    env, timeout, inspect = server_env(setting["env"] if setting else {}), VLLM_READY_TIMEOUT_S, None
+                print(f"round {round_index + 1}/{args.repeats}, {name}: {' '.join(command)}", file=sys.stderr)
+                begin = time.monotonic()
+                settings[name] |= {"command": command,
+                                   "env": {k: v for k, v in env.items() if k.startswith("VLLM_") or k == "LD_PRELOAD"}}
+                try:
+                    level = measure(name, command, "/health", args, env=env, ready_timeout_s=timeout,
+                                    on_done=keep_text(name), inspect=inspect)
+                except RuntimeError as error:  # a server that does not start: say so, and measure the others
+                    settings[name]["failed_to_start"] = str(error)
+                    print(f"{name}: {error}", file=sys.stderr)
+                    continue
+                column = figures(level) | {"wall_s_with_start_up": time.monotonic() - begin,
+                                           "full_length": full_length(figures(level), args.concurrency,
+                                                                      args.output_len),
+                                           "errors": level["errors"]}
+                if "inspected" in level:
+                    column["steps"] = level["inspected"]
+                rounds[-1][name] = column
+    results = {name: median_figures([r[name] for r in rounds if name in r]) for name in engines
+               if any(name in r for r in rounds)}
+    for name in results:
+        runs = [r[name] for r in rounds if name in r]
+        settings[name] |= {"full_length": all(run["full_length"] for run in runs),
+                           "errors": [error for run in runs for error in run["errors"]],
+                           "steps": runs[-1].get("steps")}
     report = {
         "burst": {"requests": args.concurrency, "input_words": args.input_len, "output_tokens": args.output_len,
                   "greedy": True, "ignore_eos": True},
@@ -264,6 +293,9 @@ def main() -> None:
         "started_at": started,
         "engines": {name: results.get(name, {}) | settings[name] for name in settings},
         "throughput_ratios": ratios(results),
+        # The same ratios within each round: a neighbour's load that slows one round slows both sides of it alike.
+        "throughput_ratios_per_round": [ratios(round_figures) for round_figures in rounds],
+        "rounds": rounds,
         "target": THROUGHPUT_TARGET,
         # One request's text per engine, the same prompt for each (the first in sort order): the same greedy
         # continuation from every server is the check that they run the same model.
@@ -272,24 +304,27 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     print(f"{gguf.name}: a burst of {args.concurrency} requests, {args.input_len}-word prompts, "
-          f"{args.output_len} tokens out")
+          f"{args.output_len} tokens out" + (f"; medians of {args.repeats} rounds" if args.repeats > 1 else ""))
     print_table(results, ROWS)
     for name in ("ridgeline", "ridgeline-tuned"):
         steps = settings.get(name, {}).get("steps")
         if isinstance(steps, dict) and steps["steps"]:
-            print(f"{name}'s forward passes: {steps['prefill_steps_s']:.2f} s in {steps['prefill_steps']} steps that "
+            last = " (last round)" if args.repeats > 1 else ""
+            print(f"{name}'s forward passes{last}: {steps['prefill_steps_s']:.2f} s in {steps['prefill_steps']} steps that "
                   f"prefill ({steps['prefill_tokens']} tokens, {steps['prefill_tokens_per_s']:.0f} tok/s with "
                   f"{steps['decode_rows_in_prefill_steps']} decode rows alongside), {steps['decode_only_s']:.2f} s in "
                   f"{steps['decode_only_steps']} decode-only steps (mean batch "
                   f"{steps['decode_only_mean_batch'] or 0:.1f}, {steps['decode_only_mean_step_ms'] or 0:.1f} ms each)")
     for key, ratio in report["throughput_ratios"].items():
         ours, theirs = key.split("vs_")
+        per_round = [f"{r[key]:.2f}x" for r in report["throughput_ratios_per_round"] if key in r]
         print(f"ridgeline{' tuned' if ours else ''} vs {theirs}: {ratio:.2f}x (target {THROUGHPUT_TARGET}x: "
-              f"{'met' if ratio >= THROUGHPUT_TARGET else 'missed'})")
+              f"{'met' if ratio >= THROUGHPUT_TARGET else 'missed'})"
+              + (f"; round by round {', '.join(per_round)}" if len(per_round) > 1 else ""))
     for name, setting in settings.items():
         if "failed_to_start" in setting:
             print(f"{name} did not start: {setting['failed_to_start']}")
-        elif not setting["full_length"]:
+        elif not setting.get("full_length", False):
             print(f"warning: {name} did not produce {args.output_len} tokens for every request "
                   f"({results[name]['output_tokens']} tokens, errors {setting['errors']})")
 

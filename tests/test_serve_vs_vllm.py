@@ -92,6 +92,21 @@ def test_ratios_and_full_length(bench):
     assert not bench.full_length(done | {"completed": 31, "failed": 1}, 32, 64)
 
 
+def test_median_figures_take_the_median_of_rates_and_the_worst_round_of_counts(bench):
+    rounds = [{"output_tokens_per_s": 200.0, "itl_p99_ms": 90.0, "completed": 32, "failed": 0, "output_tokens": 2048,
+               "prompt_tokens": 8226, "full_length": True, "errors": []},
+              {"output_tokens_per_s": 150.0, "itl_p99_ms": 300.0, "completed": 31, "failed": 1, "output_tokens": 1984,
+               "prompt_tokens": 8226, "full_length": False, "errors": ["boom"]},
+              {"output_tokens_per_s": 250.0, "itl_p99_ms": 80.0, "completed": 32, "failed": 0, "output_tokens": 2048,
+               "prompt_tokens": 8226, "full_length": True, "errors": []}]
+    median = bench.median_figures(rounds)
+    assert median["output_tokens_per_s"] == 200.0 and median["itl_p99_ms"] == 90.0
+    # A round that fell short is not hidden by the others: the counts are the worst round's.
+    assert (median["completed"], median["failed"], median["output_tokens"]) == (31, 1, 1984)
+    assert not bench.full_length(median, 32, 64)
+    assert "full_length" not in median and "errors" not in median  # not figures to take a median of
+
+
 def test_torch_index(bench):
     vllm_env = sys.modules["vllm_env"]
     assert vllm_env.torch_index_args({}) == ("--extra-index-url", "https://download.pytorch.org/whl/cpu")
