@@ -271,10 +271,9 @@ def main() -> None:
                     settings[name]["failed_to_start"] = str(error)
                     print(f"{name}: {error}", file=sys.stderr)
                     continue
-                column = figures(level) | {"wall_s_with_start_up": time.monotonic() - begin,
-                                           "full_length": full_length(figures(level), args.concurrency,
-                                                                      args.output_len),
-                                           "errors": level["errors"]}
+                column = figures(level)
+                column |= {"wall_s_with_start_up": time.monotonic() - begin, "errors": level["errors"],
+                           "full_length": full_length(column, args.concurrency, args.output_len)}
                 if "inspected" in level:
                     column["steps"] = level["inspected"]
                 rounds[-1][name] = column
