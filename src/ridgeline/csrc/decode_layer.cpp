@@ -3,6 +3,7 @@
 #include "decode_layer.h"
 
 #include "kernels.h"
+#include "large_buffers.h"
 
 #include <algorithm>
 
@@ -63,7 +64,7 @@ torch::Tensor DecodeLayer::forward(const torch::Tensor& h, const LayerStep& step
     if (tokens <= kFeedForwardRows) {
         mixed = feed_forward(normed);
     } else {
-        mixed = torch::empty_like(after_attention);
+        mixed = large_buffers().empty_float(after_attention.sizes());
         for (int64_t first = 0; first < tokens; first += kFeedForwardRows) {
             const int64_t end = std::min(tokens, first + kFeedForwardRows);
             mixed.slice(0, first, end).copy_(feed_forward(normed.slice(0, first, end)));

@@ -1,8 +1,13 @@
-// Large kernel outputs, kept for reuse once freed: a step's logits are rows x vocabulary float32s, and from 32
-// rows of a 262,144-token vocabulary they pass 32 MiB, glibc's largest mmap threshold. Above it every allocation
-// is a fresh mapping that the first writes fault in page by page: at 32 rows ~8,200 faults, ~5-7 ms of a ~35 ms
-// decode step on the 2-core Zen 4, every step. (Raising the threshold with mallopt stops the faults but makes
-// the heap grow: with torch's aligned allocations each same-sized buffer landed past the last one.)
+// Large kernel outputs, kept for reuse once freed. glibc maps every allocation above its largest mmap threshold
+// (32 MiB) afresh, and the first writes fault it in page by page; below that, freed heap memory beyond its trim
+// threshold goes back to the OS and comes back the same way. Two places made that cost real on the 2-core Zen 4:
+// - a step's logits, rows x vocabulary float32s: from 32 rows of a 262,144-token vocabulary they pass 32 MiB,
+//   ~8,200 faults, ~5-7 ms of a ~35 ms decode step, every step;
+// - a long prefill step's activations: at 8,192 prompt rows a layer's queries and attention output are 32 MiB each
+//   and its norms' outputs 20 MiB, and one such step faulted 80,000-230,000 pages in, 0.6-1.0 s of kernel time of
+//   a ~5 s step (a burst of 32 x 256-token prompts prefilled at once).
+// (Raising the thresholds with mallopt stops the faults but makes the heap grow: with torch's aligned allocations
+// each same-sized buffer landed past the last one.)
 //
 // A buffer is handed out again only after the tensor that held it is freed (its deleter brings it back), so no
 // two live tensors ever share memory. Outputs below kMinBytes keep torch's allocator, which glibc serves from
@@ -23,10 +28,10 @@ public:
     static constexpr size_t kMinBytes = size_t{16} << 20;
     static constexpr size_t kKeepBytes = size_t{512} << 20;
 
-    // An uninitialised [rows, cols] float32 CPU tensor.
-    torch::Tensor empty_float(int64_t rows, int64_t cols) {
-        const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * sizeof(float);
-        if (bytes < kMinBytes) return torch::empty({rows, cols}, torch::kFloat32);
+    // An uninitialised float32 CPU tensor of this shape.
+    torch::Tensor empty_float(c10::IntArrayRef sizes) {
+        const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * sizeof(float);
+        if (bytes < kMinBytes) return torch::empty(sizes, torch::kFloat32);
         void* data = nullptr;
         size_t size = 0;
         {
@@ -49,7 +54,7 @@ public:
             data = std::aligned_alloc(kAlign, size);
             TORCH_CHECK(data != nullptr, "ridgeline: out of memory for a ", bytes, "-byte kernel output");
         }
-        return torch::from_blob(data, {rows, cols}, [this, size](void* freed) { give_back(freed, size); },
+        return torch::from_blob(data, sizes, [this, size](void* freed) { give_back(freed, size); },
                                 torch::TensorOptions().dtype(torch::kFloat32));
     }
 

@@ -3,6 +3,7 @@
 // Every row is computed on its own with the same operations in the same order, so a row's bits do not depend
 // on how many rows share the call. All take and return contiguous float32 tensors.
 #include "kernels.h"
+#include "large_buffers.h"
 #include "parallel.h"
 #include "kv_pages.h"
 #include "simd_math.h"
@@ -106,7 +107,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, torch:
         check_float_rows(residual, "rms_norm: residual");
         TORCH_CHECK(residual.sizes() == x.sizes(), "rms_norm: residual must have x's shape");
     }
-    auto out = torch::empty_like(x);
+    auto out = large_buffers().empty_float(x.sizes());  // (a long prefill step's rows: see large_buffers.h)
     const float *src = x.data_ptr<float>(), *w = weight.data_ptr<float>(), *base = add ? residual.data_ptr<float>() : nullptr;
     float* dst = out.data_ptr<float>();
     parallel_chunks(rows, grain_rows(dim), [&](int64_t first, int64_t last) {
@@ -132,7 +133,7 @@ torch::Tensor gated_activation(torch::Tensor gate, torch::Tensor up, bool gelu) 
     }
     TORCH_CHECK(gate.sizes() == up.sizes(), "gated_activation: gate and up must have one shape");
     const int64_t rows = gate.size(0), width = gate.size(1);
-    auto out = torch::empty({rows, width}, gate.options());
+    auto out = large_buffers().empty_float({rows, width});
     const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
     float* dst = out.data_ptr<float>();
     parallel_chunks(rows, grain_rows(width), [&](int64_t first, int64_t last) {
@@ -175,7 +176,7 @@ torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
     const int64_t* slot = slots.data_ptr<int64_t>();
     for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(0 <= slot[t] && slot[t] < num_slots, "prepare_attention: slot out of range");
 
-    auto out = torch::empty({tokens, heads, dim}, q.options().memory_format(c10::MemoryFormat::Contiguous));
+    auto out = large_buffers().empty_float({tokens, heads, dim});
     parallel_chunks(tokens, grain_rows((heads + 2 * kv_heads) * dim), [&](int64_t first, int64_t last) {
         std::vector<float> scratch(dim), key(dim);
         for (int64_t t = first; t < last; ++t) {

@@ -17,6 +17,7 @@
 // but has no value, so a head can put weight "nowhere". Without sinks the kernel takes an empty tensor.
 #include "kernels.h"
 #include "kv_pages.h"
+#include "large_buffers.h"
 #include "parallel.h"
 #include "simd_math.h"
 
@@ -179,7 +180,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         }
     }
 
-    auto out = torch::empty_like(q);
+    auto out = large_buffers().empty_float(q.sizes());  // (a long prefill step's rows: see large_buffers.h)
     const int64_t groups = heads / kv_heads;
     const int bundle = bundle_size(groups, rows * kv_heads);
     const int64_t bundles = groups / bundle, items = rows * kv_heads * bundles;

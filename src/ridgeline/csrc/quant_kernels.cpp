@@ -426,7 +426,7 @@ torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::
                               sum32.data() + i * k / 32};
         }
     });
-    auto out = large_buffers().empty_float(m_total, rows);
+    auto out = large_buffers().empty_float({m_total, rows});
     dispatch(qtype, [&](auto type) { gemv_typed<decltype(type)::value>(planes, activations, out.data_ptr<float>(), rows, k); });
     return out;
 }
