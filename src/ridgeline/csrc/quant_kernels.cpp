@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -326,6 +327,34 @@ struct PlaneWalk {
 template <int QT>
 constexpr int max_tile() { return group_steps<QT>() == 4 ? 8 : kMaxTile; }
 
+// A calling thread's scratch that outlives the call, never zeroed. A prompt-sized call quantises megabytes of
+// activations (8,192 rows of 2,048 inputs: 16 MiB of int8, 8 MiB of scales and sums). As std::vectors they were
+// zeroed on the calling thread while the other waited in the parallel region to come (~3 % of a long prefill
+// step's samples, memset and the waiting together), and came back from the OS page by page whenever glibc had
+// trimmed its heap in between. What one very long call needed is not kept past the next call that needs less
+// than kKeepBytes.
+template <typename T>
+class Scratch {
+public:
+    static constexpr size_t kKeepBytes = size_t{64} << 20;
+
+    T* get(size_t n) {
+        const bool oversized = capacity_ * sizeof(T) > kKeepBytes && n * sizeof(T) <= kKeepBytes;
+        if (n > capacity_ || oversized) {
+            data_.reset();
+            data_.reset(new T[n]);  // default-initialised: every element is written before it is read
+            capacity_ = n;
+        }
+        return data_.get();
+    }
+
+private:
+    std::unique_ptr<T[]> data_;
+    size_t capacity_ = 0;
+};
+
+constexpr int64_t kSerialRows = 256;  // up to this many rows, per-row bookkeeping runs without a parallel region
+
 template <int QT>
 void gemv_typed(const Planes& planes, std::vector<QuantizedActivation>& x, float* out, int64_t rows, int64_t k) {
     const int64_t m_total = static_cast<int64_t>(x.size());
@@ -335,12 +364,16 @@ void gemv_typed(const Planes& planes, std::vector<QuantizedActivation>& x, float
     // On the stack for a decode step's few rows (no allocation in the ~80 calls of a batch-1 step).
     constexpr int64_t kOnStack = 2048;
     int32_t stack_sums[kOnStack];
-    std::vector<int32_t> heap_sums(offset && m_total * groups > kOnStack ? m_total * groups : 0);
-    int32_t* offset_sums = heap_sums.empty() ? stack_sums : heap_sums.data();
-    for (int64_t i = 0; i < m_total && offset; ++i) {
-        const int32_t* sums = group_steps<QT>() == 4 ? x[i].sum16 : x[i].sum32;
-        for (int64_t g = 0; g < groups; ++g) offset_sums[i * groups + g] = -offset * sums[g];
-        x[i].offset_sum = offset_sums + i * groups;
+    thread_local Scratch<int32_t> heap_sums;
+    int32_t* offset_sums = offset && m_total * groups > kOnStack ? heap_sums.get(m_total * groups) : stack_sums;
+    if constexpr (offset != 0) {
+        ridgeline::parallel_chunks(m_total, kSerialRows, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) {
+                const int32_t* sums = group_steps<QT>() == 4 ? x[i].sum16 : x[i].sum32;
+                for (int64_t g = 0; g < groups; ++g) offset_sums[i * groups + g] = -offset * sums[g];
+                x[i].offset_sum = offset_sums + i * groups;
+            }
+        });
     }
     const int64_t bytes_per_block = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
     const int64_t grain = std::max<int64_t>(1, (32 << 10) / bytes_per_block);
@@ -412,18 +445,20 @@ torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::
     x = x.contiguous();
     const int64_t m_total = x.size(0), k = x.size(1);
     TORCH_CHECK(k % 32 == 0 && rows <= quants.size(0) * kRows, "gemv: K must be a multiple of 32 and rows fit the blocks");
-    std::vector<int8_t> q(m_total * k);
-    std::vector<float> scale(m_total * k / 32);
-    std::vector<int32_t> sum16(m_total * k / 16), sum32(m_total * k / 32);
+    thread_local Scratch<int8_t> q_scratch;
+    thread_local Scratch<float> scale_scratch;
+    thread_local Scratch<int32_t> sum16_scratch, sum32_scratch;
+    int8_t* q = q_scratch.get(m_total * k);
+    float* scale = scale_scratch.get(m_total * k / 32);
+    int32_t *sum16 = sum16_scratch.get(m_total * k / 16), *sum32 = sum32_scratch.get(m_total * k / 32);
     std::vector<QuantizedActivation> activations(m_total);
     // Rows are quantised independently (a row's bytes never depend on its neighbours), by both threads for a
     // prompt-sized call: 2,048 rows of 2,048 inputs took ~2 ms on one core.
     ridgeline::parallel_chunks(m_total, std::max<int64_t>(1, (64 << 10) / k), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-            quantize_activation(x.data_ptr<float>() + i * k, k, q.data() + i * k, scale.data() + i * k / 32,
-                                sum16.data() + i * k / 16, sum32.data() + i * k / 32);
-            activations[i] = {q.data() + i * k, scale.data() + i * k / 32, sum16.data() + i * k / 16,
-                              sum32.data() + i * k / 32};
+            quantize_activation(x.data_ptr<float>() + i * k, k, q + i * k, scale + i * k / 32, sum16 + i * k / 16,
+                                sum32 + i * k / 32);
+            activations[i] = {q + i * k, scale + i * k / 32, sum16 + i * k / 16, sum32 + i * k / 32};
         }
     });
     auto out = large_buffers().empty_float({m_total, rows});
