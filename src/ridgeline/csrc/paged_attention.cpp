@@ -25,11 +25,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
 
 using ridgeline::exp16;
+using ridgeline::reduce_add_16;
 
 constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (accumulators stay in registers)
 
@@ -43,28 +45,94 @@ struct Item {
     const float* sinks;   // [B]: the bundle's sink logits, or nullptr
 };
 
+// Scores q.k * scale of B query heads for key i of the item, one key at a time.
+template <int B, typename K>
+inline void score_one_key(const Item& item, const K& k_cache, int64_t head_dim, float scale, int64_t i, float* scores) {
+    const int64_t key = item.keys[i];
+    __m512 acc[B];
+    for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < head_dim; c += 32) {  // each head's sum runs over c in order, 16 lanes at a time
+        __m512 k0, k1;
+        k_cache.load32(key + c, k0, k1);
+        for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c), k0, acc[b]);
+        for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c + 16), k1, acc[b]);
+    }
+    for (int b = 0; b < B; ++b) scores[b * item.n + i] = _mm512_reduce_add_ps(acc[b]) * scale;
+}
+
+// scores[b * n + i] = (q_b . k_i) * scale for every key. Where B divides 16, 16 / B keys go at once: each query
+// vector loaded serves all of them, and their 16 sums are reduced together (reduce_add_16). Every sum takes the
+// same multiply-adds in the same order, and the same reduction tree, as one key at a time: the same bits.
+// The values of the keys scored are fetched meanwhile, for the pass that weighs them.
+template <int B, typename K, typename V>
+void key_scores(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores) {
+    const int64_t n = item.n;
+    int64_t i = 0;
+    if constexpr (16 % B == 0 && B <= 4) {  // (8 heads: 16 query vectors would leave too few registers)
+        constexpr int kKeys = 16 / B;
+        const __m512 scales = _mm512_set1_ps(scale);
+        for (; i + kKeys <= n; i += kKeys) {
+            // The cache is cold (a step streams the weights through every cache level), and pages are scattered:
+            // fetch the next keys while these dot products run.
+            for (int j = 0; j < kKeys && i + kKeys + j < n; ++j) k_cache.prefetch_head(item.keys[i + kKeys + j], head_dim);
+            for (int j = 0; j < kKeys; ++j) v_cache.prefetch_head(item.keys[i + j], head_dim);
+            __m512 acc[16];  // acc[b * kKeys + j]: head b, key i + j
+            for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < head_dim; c += 32) {
+                __m512 q0[B], q1[B];
+                for (int b = 0; b < B; ++b) {
+                    q0[b] = _mm512_loadu_ps(item.q + b * head_dim + c);
+                    q1[b] = _mm512_loadu_ps(item.q + b * head_dim + c + 16);
+                }
+                for (int j = 0; j < kKeys; ++j) {
+                    __m512 k0, k1;
+                    k_cache.load32(item.keys[i + j] + c, k0, k1);
+                    for (int b = 0; b < B; ++b) acc[b * kKeys + j] = _mm512_fmadd_ps(q0[b], k0, acc[b * kKeys + j]);
+                    for (int b = 0; b < B; ++b) acc[b * kKeys + j] = _mm512_fmadd_ps(q1[b], k1, acc[b * kKeys + j]);
+                }
+            }
+            alignas(64) float sums[16];
+            _mm512_store_ps(sums, _mm512_mul_ps(reduce_add_16(acc), scales));
+            for (int b = 0; b < B; ++b) std::memcpy(scores + b * n + i, sums + b * kKeys, kKeys * sizeof(float));
+        }
+    }
+    for (; i < n; ++i) {
+        if (i + kPrefetchAhead < n) k_cache.prefetch_head(item.keys[i + kPrefetchAhead], head_dim);
+        v_cache.prefetch_head(item.keys[i], head_dim);
+        score_one_key<B>(item, k_cache, head_dim, scale, i, scores);
+    }
+}
+
+// out_b = sum_i p_bi v_i * inverse_sum_b over `chunks` runs of 32 values starting at value c.
+template <int B, int kChunks, typename V>
+inline void weighted_values(const Item& item, const V& v_cache, int64_t head_dim, int64_t c, const float* scores,
+                            const float* inverse_sum) {
+    const int64_t n = item.n;
+    __m512 acc[B][2 * kChunks];
+    for (int b = 0; b < B; ++b) {
+        for (int h = 0; h < 2 * kChunks; ++h) acc[b][h] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        __m512 v[2 * kChunks];
+        for (int h = 0; h < kChunks; ++h) v_cache.load32(item.keys[i] + c + 32 * h, v[2 * h], v[2 * h + 1]);
+        for (int b = 0; b < B; ++b) {
+            const __m512 w = _mm512_set1_ps(scores[b * n + i]);
+            for (int h = 0; h < 2 * kChunks; ++h) acc[b][h] = _mm512_fmadd_ps(w, v[h], acc[b][h]);
+        }
+    }
+    for (int b = 0; b < B; ++b) {
+        const __m512 inv = _mm512_set1_ps(inverse_sum[b]);
+        for (int h = 0; h < 2 * kChunks; ++h) _mm512_storeu_ps(item.out + b * head_dim + c + 16 * h, _mm512_mul_ps(acc[b][h], inv));
+    }
+}
+
 // Softmax(q k^T * scale) v for B query heads sharing one KV head. `scores` is [B, n] scratch. K and V are
 // kv_pages.h's FloatPages<T> or Q8Pages: each hands over 32 values of a head vector as floats, so the arithmetic
 // below is the same whatever the pages hold.
 template <int B, typename K, typename V>
 void attend(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores) {
     const int64_t n = item.n;
-    for (int64_t i = 0; i < n; ++i) {
-        // The cache is cold (a step streams the weights through every cache level), and pages are scattered:
-        // fetch the keys a few ahead, and this key's values for the last pass, while the dot products run.
-        if (i + kPrefetchAhead < n) k_cache.prefetch_head(item.keys[i + kPrefetchAhead], head_dim);
-        v_cache.prefetch_head(item.keys[i], head_dim);
-        const int64_t key = item.keys[i];
-        __m512 acc[B];
-        for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < head_dim; c += 32) {  // each head's sum runs over c in order, 16 lanes at a time
-            __m512 k0, k1;
-            k_cache.load32(key + c, k0, k1);
-            for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c), k0, acc[b]);
-            for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c + 16), k1, acc[b]);
-        }
-        for (int b = 0; b < B; ++b) scores[b * n + i] = _mm512_reduce_add_ps(acc[b]) * scale;
-    }
+    key_scores<B>(item, k_cache, v_cache, head_dim, scale, scores);
     float inverse_sum[B];
     for (int b = 0; b < B; ++b) {
         float* s = scores + b * n;
@@ -88,24 +156,13 @@ void attend(const Item& item, const K& k_cache, const V& v_cache, int64_t head_d
         }
         inverse_sum[b] = 1.0f / total;
     }
-    for (int64_t c = 0; c < head_dim; c += 32) {  // 32 values: one 64-byte line of bf16, one Q8_0 block per key
-        __m512 lo[B], hi[B];
-        for (int b = 0; b < B; ++b) lo[b] = hi[b] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; ++i) {
-            __m512 v0, v1;
-            v_cache.load32(item.keys[i] + c, v0, v1);
-            for (int b = 0; b < B; ++b) {
-                const __m512 w = _mm512_set1_ps(scores[b * n + i]);
-                lo[b] = _mm512_fmadd_ps(w, v0, lo[b]);
-                hi[b] = _mm512_fmadd_ps(w, v1, hi[b]);
-            }
-        }
-        for (int b = 0; b < B; ++b) {
-            const __m512 inv = _mm512_set1_ps(inverse_sum[b]);
-            _mm512_storeu_ps(item.out + b * head_dim + c, _mm512_mul_ps(lo[b], inv));
-            _mm512_storeu_ps(item.out + b * head_dim + c + 16, _mm512_mul_ps(hi[b], inv));
-        }
-    }
+    // 32 values at a time (one 64-byte line of bf16, one Q8_0 block per key), or 64 where the accumulators fit in
+    // registers: each probability broadcast then serves twice the multiply-adds. Each output value's sum runs over
+    // the keys in order either way.
+    constexpr int kWide = B <= 4 ? 2 : 1;
+    int64_t c = 0;
+    for (; c + 32 * kWide <= head_dim; c += 32 * kWide) weighted_values<B, kWide>(item, v_cache, head_dim, c, scores, inverse_sum);
+    for (; c < head_dim; c += 32) weighted_values<B, 1>(item, v_cache, head_dim, c, scores, inverse_sum);
 }
 
 template <typename F>
