@@ -60,41 +60,56 @@ inline void score_one_key(const Item& item, const K& k_cache, int64_t head_dim, 
     for (int b = 0; b < B; ++b) scores[b * item.n + i] = _mm512_reduce_add_ps(acc[b]) * scale;
 }
 
-// scores[b * n + i] = (q_b . k_i) * scale for every key. Where B divides 16, 16 / B keys go at once: each query
-// vector loaded serves all of them, and their 16 sums are reduced together (reduce_add_16). Every sum takes the
-// same multiply-adds in the same order, and the same reduction tree, as one key at a time: the same bits.
-// The values of the keys scored are fetched meanwhile, for the pass that weighs them.
+// scores[b * n + i] = (q_b . k_i) * scale for the keys from the first, 16 / B at a time while whole groups are
+// left (B dividing 16); returns how many were scored. Each query vector loaded serves all 16 / B keys, and their
+// 16 sums are reduced together (reduce_add_16). For keys already in cache: 13-15 % faster than one at a time.
 template <int B, typename K, typename V>
-void key_scores(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores) {
+int64_t key_scores_grouped(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale,
+                           float* scores) {
+    constexpr int kKeys = 16 / B;
+    const int64_t n = item.n;
+    const __m512 scales = _mm512_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + kKeys <= n; i += kKeys) {
+        // The next keys, and these keys' values for the last pass, into L1: one line of each per 32 values.
+        const int ahead = static_cast<int>(std::min<int64_t>(kKeys, n - i - kKeys));
+        __m512 acc[16];  // acc[b * kKeys + j]: head b, key i + j
+        for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < head_dim; c += 32) {
+            for (int j = 0; j < ahead; ++j) k_cache.prefetch_head(item.keys[i + kKeys + j] + c, 32);
+            for (int j = 0; j < kKeys; ++j) v_cache.prefetch_head(item.keys[i + j] + c, 32);
+            __m512 q0[B], q1[B];
+            for (int b = 0; b < B; ++b) {
+                q0[b] = _mm512_loadu_ps(item.q + b * head_dim + c);
+                q1[b] = _mm512_loadu_ps(item.q + b * head_dim + c + 16);
+            }
+            for (int j = 0; j < kKeys; ++j) {
+                __m512 k0, k1;
+                k_cache.load32(item.keys[i + j] + c, k0, k1);
+                for (int b = 0; b < B; ++b) acc[b * kKeys + j] = _mm512_fmadd_ps(q0[b], k0, acc[b * kKeys + j]);
+                for (int b = 0; b < B; ++b) acc[b * kKeys + j] = _mm512_fmadd_ps(q1[b], k1, acc[b * kKeys + j]);
+            }
+        }
+        alignas(64) float sums[16];
+        _mm512_store_ps(sums, _mm512_mul_ps(reduce_add_16(acc), scales));
+        for (int b = 0; b < B; ++b) std::memcpy(scores + b * n + i, sums + b * kKeys, kKeys * sizeof(float));
+    }
+    return i;
+}
+
+// scores[b * n + i] = (q_b . k_i) * scale for every key. Keys in cache (`keys_hot`: a prompt's rows after its
+// first) go in groups (key_scores_grouped). Keys from DRAM (a decode row's) go one at a time, fetched a few
+// ahead: in groups, 4 keys' lines at once, a 32-row decode step's attention over cold pages ran ~20 % slower.
+// Every sum takes the same multiply-adds in the same order, and the same reduction tree, either way: the same
+// bits, so which way a row goes never changes its output. The values of the keys scored are fetched meanwhile,
+// for the pass that weighs them.
+template <int B, typename K, typename V>
+void key_scores(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores,
+                bool keys_hot) {
     const int64_t n = item.n;
     int64_t i = 0;
     if constexpr (16 % B == 0 && B <= 4) {  // (8 heads: 16 query vectors would leave too few registers)
-        constexpr int kKeys = 16 / B;
-        const __m512 scales = _mm512_set1_ps(scale);
-        for (; i + kKeys <= n; i += kKeys) {
-            // The cache is cold (a step streams the weights through every cache level), and pages are scattered:
-            // fetch the next keys while these dot products run.
-            for (int j = 0; j < kKeys && i + kKeys + j < n; ++j) k_cache.prefetch_head(item.keys[i + kKeys + j], head_dim);
-            for (int j = 0; j < kKeys; ++j) v_cache.prefetch_head(item.keys[i + j], head_dim);
-            __m512 acc[16];  // acc[b * kKeys + j]: head b, key i + j
-            for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
-            for (int64_t c = 0; c < head_dim; c += 32) {
-                __m512 q0[B], q1[B];
-                for (int b = 0; b < B; ++b) {
-                    q0[b] = _mm512_loadu_ps(item.q + b * head_dim + c);
-                    q1[b] = _mm512_loadu_ps(item.q + b * head_dim + c + 16);
-                }
-                for (int j = 0; j < kKeys; ++j) {
-                    __m512 k0, k1;
-                    k_cache.load32(item.keys[i + j] + c, k0, k1);
-                    for (int b = 0; b < B; ++b) acc[b * kKeys + j] = _mm512_fmadd_ps(q0[b], k0, acc[b * kKeys + j]);
-                    for (int b = 0; b < B; ++b) acc[b * kKeys + j] = _mm512_fmadd_ps(q1[b], k1, acc[b * kKeys + j]);
-                }
-            }
-            alignas(64) float sums[16];
-            _mm512_store_ps(sums, _mm512_mul_ps(reduce_add_16(acc), scales));
-            for (int b = 0; b < B; ++b) std::memcpy(scores + b * n + i, sums + b * kKeys, kKeys * sizeof(float));
-        }
+        if (keys_hot) i = key_scores_grouped<B>(item, k_cache, v_cache, head_dim, scale, scores);
     }
     for (; i < n; ++i) {
         if (i + kPrefetchAhead < n) k_cache.prefetch_head(item.keys[i + kPrefetchAhead], head_dim);
@@ -130,9 +145,10 @@ inline void weighted_values(const Item& item, const V& v_cache, int64_t head_dim
 // kv_pages.h's FloatPages<T> or Q8Pages: each hands over 32 values of a head vector as floats, so the arithmetic
 // below is the same whatever the pages hold.
 template <int B, typename K, typename V>
-void attend(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores) {
+void attend(const Item& item, const K& k_cache, const V& v_cache, int64_t head_dim, float scale, float* scores,
+            bool keys_hot) {
     const int64_t n = item.n;
-    key_scores<B>(item, k_cache, v_cache, head_dim, scale, scores);
+    key_scores<B>(item, k_cache, v_cache, head_dim, scale, scores, keys_hot);
     float inverse_sum[B];
     for (int b = 0; b < B; ++b) {
         float* s = scores + b * n;
@@ -264,7 +280,10 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                     }
                     const Item item{q_data + (r * heads + head) * head_dim, out_data + (r * heads + head) * head_dim,
                                     keys.data(), n, sink_data ? sink_data + head : nullptr};
-                    attend<B>(item, k_pages, v_pages, head_dim, softmax_scale, scores.data());
+                    // This thread's item of the row before, of the same sequence, read the same keys but the last
+                    // just now (a prompt's rows come one after another): they are in cache.
+                    const bool keys_hot = r > 0 && seq_of[r - 1] == seq_of[r] && index - kv_heads * bundles >= first;
+                    attend<B>(item, k_pages, v_pages, head_dim, softmax_scale, scores.data(), keys_hot);
                 }
             });
         });
