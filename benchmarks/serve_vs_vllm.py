@@ -134,11 +134,19 @@ def ridgeline_steps(url: str, since: float) -> dict | str:
     return step_breakdown(response.json()["data"])
 
 
+# A step with decodes that took this many times its ITL target is an overrun worth naming. The scheduler's own
+# prediction error is ~5 % on a quiet machine; ~20 streams wait on every step, so one overrun sets ITL p99.
+OVERRUN = 1.5
+
+
 def step_breakdown(steps: list[dict]) -> dict:
     """Forward-pass time split between steps that prefill (with whatever decode rows ride along) and steps that
-    only decode: a burst's throughput is the sum of the two, and each engine spends it differently."""
+    only decode: a burst's throughput is the sum of the two, and each engine spends it differently. Also which
+    steps ran over the ITL target the scheduler gave them: the steps that set a stream's worst gaps."""
     prefill = [step for step in steps if step["prefill_tokens"] > 0]
     decode = [step for step in steps if step["prefill_tokens"] == 0]
+    targeted = [step for step in steps if step.get("itl_target_s")]
+    worst = max(targeted, key=lambda step: step["seconds"] / step["itl_target_s"], default=None)
     prefill_s, decode_s = sum(step["seconds"] for step in prefill), sum(step["seconds"] for step in decode)
     prefill_tokens = sum(step["prefill_tokens"] for step in prefill)
     decode_rows = sum(step["decode_rows"] for step in decode)
@@ -154,6 +162,11 @@ def step_breakdown(steps: list[dict]) -> dict:
         "decode_only_s": decode_s,
         "decode_only_mean_batch": decode_rows / len(decode) if decode else None,
         "decode_only_mean_step_ms": 1e3 * decode_s / len(decode) if decode else None,
+        "steps_with_itl_target": len(targeted),
+        "steps_over_itl_target": sum(step["seconds"] > OVERRUN * step["itl_target_s"] for step in targeted),
+        "worst_step_vs_itl_target": None if worst is None else {
+            key: worst.get(key) for key in ("index", "seconds", "itl_target_s", "predicted_s", "prefill_tokens",
+                                            "decode_rows", "cpu_seconds")},
     }
 
 
@@ -314,6 +327,12 @@ def main() -> None:
                   f"{steps['decode_rows_in_prefill_steps']} decode rows alongside), {steps['decode_only_s']:.2f} s in "
                   f"{steps['decode_only_steps']} decode-only steps (mean batch "
                   f"{steps['decode_only_mean_batch'] or 0:.1f}, {steps['decode_only_mean_step_ms'] or 0:.1f} ms each)")
+            worst = steps.get("worst_step_vs_itl_target")
+            if worst:
+                print(f"  {steps['steps_over_itl_target']} of {steps['steps_with_itl_target']} steps with an ITL target "
+                      f"took over {OVERRUN}x it; the worst took {worst['seconds'] * 1e3:.0f} ms against "
+                      f"{worst['itl_target_s'] * 1e3:.0f} ({worst['prefill_tokens']} prefill tokens, "
+                      f"{worst['decode_rows']} decode rows)")
     for key, ratio in report["throughput_ratios"].items():
         ours, theirs = key.split("vs_")
         per_round = [f"{r[key]:.2f}x" for r in report["throughput_ratios_per_round"] if key in r]

@@ -144,5 +144,21 @@ def test_step_breakdown_splits_prefill_from_decode_only_steps(bench):
     assert breakdown["prefill_tokens"] == 3548 and breakdown["decode_rows_in_prefill_steps"] == 4
     assert breakdown["prefill_tokens_per_s"] == pytest.approx(3548 / 2.5)
     assert breakdown["decode_only_mean_batch"] == 32 and breakdown["decode_only_mean_step_ms"] == pytest.approx(200)
+    assert breakdown["steps_with_itl_target"] == 0 and breakdown["worst_step_vs_itl_target"] is None
     empty = bench.step_breakdown([])
     assert empty["steps"] == 0 and empty["prefill_tokens_per_s"] is None and empty["decode_only_mean_batch"] is None
+
+
+def test_step_breakdown_names_the_steps_that_ran_over_their_itl_target(bench):
+    """A stream's worst gaps are the steps that overran the ITL target the scheduler gave them: the breakdown
+    counts those over 1.5x it and keeps the worst by that ratio (not simply the longest step)."""
+    def step(index, seconds, target):
+        return {"index": index, "seconds": seconds, "prefill_tokens": 128, "decode_rows": 20, "itl_target_s": target,
+                "predicted_s": target}
+
+    steps = [step(0, 0.10, 0.10), step(1, 0.32, 0.10), step(2, 0.40, 0.30), step(3, 0.16, 0.10),
+             {"seconds": 2.0, "prefill_tokens": 7969, "decode_rows": 1}]  # no target: a step without decodes
+    breakdown = bench.step_breakdown(steps)
+    assert breakdown["steps_with_itl_target"] == 4 and breakdown["steps_over_itl_target"] == 2
+    assert breakdown["worst_step_vs_itl_target"]["index"] == 1
+    assert breakdown["worst_step_vs_itl_target"]["seconds"] == 0.32
