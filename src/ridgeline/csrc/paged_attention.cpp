@@ -31,6 +31,7 @@
 namespace {
 
 using ridgeline::exp16;
+using ridgeline::reduce_add;
 using ridgeline::reduce_add_16;
 
 constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (accumulators stay in registers)
@@ -57,7 +58,7 @@ inline void score_one_key(const Item& item, const K& k_cache, int64_t head_dim, 
         for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c), k0, acc[b]);
         for (int b = 0; b < B; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(item.q + b * head_dim + c + 16), k1, acc[b]);
     }
-    for (int b = 0; b < B; ++b) scores[b * item.n + i] = _mm512_reduce_add_ps(acc[b]) * scale;
+    for (int b = 0; b < B; ++b) scores[b * item.n + i] = reduce_add(acc[b]) * scale;
 }
 
 // scores[b * n + i] = (q_b . k_i) * scale for the keys from the first, 16 / B at a time while whole groups are

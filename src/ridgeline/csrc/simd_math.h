@@ -23,11 +23,25 @@ inline __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-// The horizontal sums of 16 vectors at once: element j is _mm512_reduce_add_ps(v[j]), bit for bit. The lanes are
-// paired in the tree GCC's _mm512_reduce_add_ps adds them in (i + i+8, then j + j+4, then j + j^2, then 0 + 1;
-// float addition is commutative, so only the pairing decides the bits), but four shuffle-and-add rounds serve
-// all 16 vectors: 30 shuffles and 15 adds instead of ~8 instructions per vector. Where AVX-512 is emulated
-// (avx512_on_avx2.h) each vector is reduced on its own, which gives the same bits.
+// The horizontal sum of one vector in a fixed tree: lanes i + i+8, then j + j+4, then j + j^2, then 0 + 1 (float
+// addition is commutative, so only the pairing decides the bits). Written out rather than left to the compiler's
+// _mm512_reduce_add_ps, whose tree is its own choice: reduce_add_16 below must give the same bits, so that a
+// score summed with 15 others equals the same score summed alone. Where AVX-512 is emulated (avx512_on_avx2.h)
+// both go through the emulation's one reduction, which agrees with itself.
+inline float reduce_add(__m512 v) {
+#ifdef RIDGELINE_AVX512_NAMES_NATIVE
+    const __m256 halves = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 quarters = _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1));
+    const __m128 pairs = _mm_add_ps(quarters, _mm_movehl_ps(quarters, quarters));
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+#else
+    return _mm512_reduce_add_ps(v);
+#endif
+}
+
+// The horizontal sums of 16 vectors at once: element j is reduce_add(v[j]), bit for bit, the lanes paired in the
+// same tree, but four shuffle-and-add rounds serve all 16 vectors: 30 shuffles and 15 adds instead of ~8
+// instructions per vector.
 inline __m512 reduce_add_16(const __m512* v) {
 #ifdef RIDGELINE_AVX512_NAMES_NATIVE
     __m512 r[8], s[4], t[2];
@@ -49,7 +63,7 @@ inline __m512 reduce_add_16(const __m512* v) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
 #else
     alignas(64) float sums[16];
-    for (int j = 0; j < 16; ++j) sums[j] = _mm512_reduce_add_ps(v[j]);
+    for (int j = 0; j < 16; ++j) sums[j] = reduce_add(v[j]);
     return _mm512_loadu_ps(sums);
 #endif
 }
