@@ -176,8 +176,13 @@ inline void group_scales(const Block& w, int64_t g, __m512& a, __m512& b) {
     }
 }
 
-// One activation row quantised to int8 blocks of 32: x ~= scale[i] * q over block i.
-struct QuantizedActivation {
+// The activation rows of one tile, quantised to int8 blocks of 32 (x ~= scale * q over a block) and interleaved
+// as a GEMM packs its A panel: step s (4 bytes) of the tile's row t at q[4 * (mt * s + t)], and per group of 32
+// (or 16) row t's value at [mt * g + t], for a tile of mt rows. So one pointer and constant offsets reach every
+// row of the tile in the inner loop. With a pointer per row, 12 rows plus the weight planes outgrew the general
+// registers, and the kernel spilled and reloaded row pointers inside it (~44 scalar loads per 96 VPDPBUSD of a
+// Q5_0 group). A tile of one row is laid out exactly as the row itself.
+struct TileActivations {
     const int8_t* q;
     const float* scale;    // per 32
     const int32_t* sum16;  // sum of q per 16 (groups of 16)
@@ -187,20 +192,42 @@ struct QuantizedActivation {
     const int32_t* offset_sum = nullptr;
 };
 
-void quantize_activation(const float* x, int64_t k, int8_t* q, float* scale, int32_t* sum16, int32_t* sum32) {
+// One activation row quantised to int8 blocks of 32, written into its tile (row t of a tile of mt rows; see
+// TileActivations): x ~= scale[i] * q over block i.
+void quantize_activation(const float* x, int64_t k, int64_t mt, int64_t t, int8_t* q, float* scale, int32_t* sum16,
+                         int32_t* sum32) {
     for (int64_t i = 0; i < k / 32; ++i) {
         const __m512 lo = _mm512_loadu_ps(x + 32 * i), hi = _mm512_loadu_ps(x + 32 * i + 16);
         const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(lo)), _mm512_reduce_max_ps(_mm512_abs_ps(hi)));
-        scale[i] = amax / 127.0f;
-        const __m512 inverse = _mm512_set1_ps(scale[i] > 0 ? 1.0f / scale[i] : 0.0f);
+        const float block_scale = amax / 127.0f;
+        const __m512 inverse = _mm512_set1_ps(block_scale > 0 ? 1.0f / block_scale : 0.0f);
         const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inverse));
         const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inverse));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm512_cvtsepi32_epi8(qlo));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm512_cvtsepi32_epi8(qhi));
-        sum16[2 * i] = _mm512_reduce_add_epi32(qlo);
-        sum16[2 * i + 1] = _mm512_reduce_add_epi32(qhi);
-        sum32[i] = sum16[2 * i] + sum16[2 * i + 1];
+        alignas(16) int32_t steps[8];  // the block's 8 steps of 4 bytes, each to its place in the tile
+        _mm_store_si128(reinterpret_cast<__m128i*>(steps), _mm512_cvtsepi32_epi8(qlo));
+        _mm_store_si128(reinterpret_cast<__m128i*>(steps + 4), _mm512_cvtsepi32_epi8(qhi));
+        for (int s = 0; s < 8; ++s) std::memcpy(q + 4 * (mt * (8 * i + s) + t), steps + s, 4);
+        const int32_t low = _mm512_reduce_add_epi32(qlo), high = _mm512_reduce_add_epi32(qhi);
+        scale[mt * i + t] = block_scale;
+        sum16[mt * 2 * i + t] = low;
+        sum16[mt * (2 * i + 1) + t] = high;
+        sum32[mt * i + t] = low + high;
     }
+}
+
+// One VPDPBUSD step with the activation's 4 bytes read from memory. Native AVX-512 takes them as the
+// instruction's broadcast operand ({1to16}); GCC would load them with a VPBROADCASTD of their own, one more
+// instruction per dot product (~8 % of a 12-row tile's rate on Zen 4, measured on a register-resident loop).
+template <int QT>
+inline __m512i dot_step_at(__m512i acc, __m512i u, const int8_t* x4) {
+#if defined(__AVX512VNNI__) && !defined(SIMDE_ENABLE_NATIVE_ALIASES)
+    __asm__("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(*reinterpret_cast<const int32_t*>(x4)), "v"(u));
+    return acc;
+#else
+    int32_t x;
+    std::memcpy(&x, x4, 4);
+    return dot_step<QT>(acc, u, _mm512_set1_epi32(x));
+#endif
 }
 
 // Per row of the block, the integer scale (and minimum) of group g of 16 and d (dmin) of its super-block: the
@@ -221,7 +248,7 @@ inline void int_group_scales(const Block& w, int64_t g, __m512i& sc, __m512i& m,
 
 // The 16 outputs of one row block for MT activation rows.
 template <int QT, int MT>
-inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation* x, float* const* out, __mmask16 valid) {
+inline void block_dot(const Block& w, int64_t groups, const TileActivations& x, float* const* out, __mmask16 valid) {
     constexpr int steps = group_steps<QT>();
     constexpr int32_t offset = quant_offset<QT>();
     constexpr bool two_chains = MT < 4;  // few rows: split each sum in two so VPDPBUSD latency overlaps
@@ -231,22 +258,21 @@ inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation*
     auto group_dots = [&](int64_t g, __m512i* dots) {
         __m512i dot0[MT], dot1[MT];
         for (int t = 0; t < MT; ++t) {  // start from -offset * sum(q): the u - offset of every weight, in integers
-            dot0[t] = offset ? _mm512_set1_epi32(x[t].offset_sum[g]) : _mm512_setzero_si512();
+            dot0[t] = offset ? _mm512_set1_epi32(x.offset_sum[MT * g + t]) : _mm512_setzero_si512();
             dot1[t] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 4
         for (int p = 0; p < steps / 2; ++p) {
             __m512i u0, u1;
             decode_pair<QT>(w, g * (steps / 2) + p, u0, u1);
+            const int8_t* x0 = x.q + 4 * MT * (g * steps + 2 * p);  // step 2p of the group, row 0
+            const int8_t* x1 = x0 + 4 * MT;                           // step 2p + 1
             for (int t = 0; t < MT; ++t) {
-                int32_t x0, x1;
-                std::memcpy(&x0, x[t].q + 4 * (g * steps + 2 * p), 4);
-                std::memcpy(&x1, x[t].q + 4 * (g * steps + 2 * p + 1), 4);
-                dot0[t] = dot_step<QT>(dot0[t], u0, _mm512_set1_epi32(x0));
+                dot0[t] = dot_step_at<QT>(dot0[t], u0, x0 + 4 * t);
                 if constexpr (two_chains) {
-                    dot1[t] = dot_step<QT>(dot1[t], u1, _mm512_set1_epi32(x1));
+                    dot1[t] = dot_step_at<QT>(dot1[t], u1, x1 + 4 * t);
                 } else {
-                    dot0[t] = dot_step<QT>(dot0[t], u1, _mm512_set1_epi32(x1));
+                    dot0[t] = dot_step_at<QT>(dot0[t], u1, x1 + 4 * t);
                 }
             }
         }
@@ -265,12 +291,12 @@ inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation*
             group_dots(g, dots0);
             group_dots(g + 1, dots1);
             for (int t = 0; t < MT; ++t) {
-                const __m512 xs = _mm512_set1_ps(x[t].scale[g / 2]);
+                const __m512 xs = _mm512_set1_ps(x.scale[MT * (g / 2) + t]);
                 const __m512i dot = _mm512_add_epi32(_mm512_mullo_epi32(dots0[t], sc0), _mm512_mullo_epi32(dots1[t], sc1));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, xs), acc[t]);
                 if constexpr (has_mins<QT>()) {
-                    const __m512i mins = _mm512_add_epi32(_mm512_mullo_epi32(m0, _mm512_set1_epi32(x[t].sum16[g])),
-                                                          _mm512_mullo_epi32(m1, _mm512_set1_epi32(x[t].sum16[g + 1])));
+                    const __m512i mins = _mm512_add_epi32(_mm512_mullo_epi32(m0, _mm512_set1_epi32(x.sum16[MT * g + t])),
+                                                          _mm512_mullo_epi32(m1, _mm512_set1_epi32(x.sum16[MT * (g + 1) + t])));
                     acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, xs), acc[t]);
                 }
             }
@@ -282,10 +308,10 @@ inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation*
             __m512i dots[MT];
             group_dots(g, dots);
             for (int t = 0; t < MT; ++t) {
-                const float xs = x[t].scale[g];
+                const float xs = x.scale[MT * g + t];
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]), _mm512_mul_ps(a, _mm512_set1_ps(xs)), acc[t]);
                 if constexpr (has_mins<QT>()) {
-                    acc[t] = _mm512_fnmadd_ps(b, _mm512_set1_ps(xs * static_cast<float>(x[t].sum32[g])), acc[t]);
+                    acc[t] = _mm512_fnmadd_ps(b, _mm512_set1_ps(xs * static_cast<float>(x.sum32[MT * g + t])), acc[t]);
                 }
             }
         }
@@ -295,7 +321,7 @@ inline void block_dot(const Block& w, int64_t groups, const QuantizedActivation*
 
 template <int QT, int... Tiles>
 inline void dispatch_tile(int tile, std::integer_sequence<int, Tiles...>, const Block& w, int64_t groups,
-                          const QuantizedActivation* x, float* const* out, __mmask16 valid) {
+                          const TileActivations& x, float* const* out, __mmask16 valid) {
     ((tile == Tiles + 1 ? block_dot<QT, Tiles + 1>(w, groups, x, out, valid) : void()), ...);
 }
 
@@ -355,24 +381,61 @@ private:
 
 constexpr int64_t kSerialRows = 256;  // up to this many rows, per-row bookkeeping runs without a parallel region
 
+// The activations of a call: every row quantised into its tile's interleaved layout (TileActivations), tile
+// after tile, so the tile starting at row m0 begins at element m0 * (per-row count) of each array.
+struct QuantizedTiles {
+    int8_t* q;
+    float* scale;
+    int32_t *sum16, *sum32;
+    int64_t m_total, k, balanced;  // rows, inputs, rows per tile (the last tile may have fewer)
+
+    int64_t tile_rows(int64_t m0) const { return std::min(balanced, m_total - m0); }
+    TileActivations tile(int64_t m0, const int32_t* offset_sums, int64_t groups) const {
+        return {q + m0 * k, scale + m0 * k / 32, sum16 + m0 * k / 16, sum32 + m0 * k / 32,
+                offset_sums ? offset_sums + m0 * groups : nullptr};
+    }
+};
+
+// The calling thread's scratch for a call's activations (one set for every weight type).
+QuantizedTiles quantized_tiles(int64_t m_total, int64_t k, int64_t balanced) {
+    thread_local Scratch<int8_t> q_scratch;
+    thread_local Scratch<float> scale_scratch;
+    thread_local Scratch<int32_t> sum16_scratch, sum32_scratch;
+    return {q_scratch.get(m_total * k), scale_scratch.get(m_total * k / 32), sum16_scratch.get(m_total * k / 16),
+            sum32_scratch.get(m_total * k / 32), m_total, k, balanced};
+}
+
 template <int QT>
-void gemv_typed(const Planes& planes, std::vector<QuantizedActivation>& x, float* out, int64_t rows, int64_t k) {
-    const int64_t m_total = static_cast<int64_t>(x.size());
+void gemv_typed(const Planes& planes, const float* x, int64_t m_total, float* out, int64_t rows, int64_t k) {
     const int64_t blocks = planes.quants.size(0), groups = k / (4 * group_steps<QT>());
     constexpr int32_t offset = quant_offset<QT>();
     constexpr int tile_rows = max_tile<QT>();
+    // Tiles of equal size rather than full ones and a remainder: 16 rows as 8 + 8, not 12 + 4, whose small tile
+    // decodes every weight again for a third of the dot products.
+    const int64_t tiles = (m_total + tile_rows - 1) / tile_rows, balanced = (m_total + tiles - 1) / tiles;
+    const QuantizedTiles xq = quantized_tiles(m_total, k, balanced);
+    // Rows are quantised independently (a row's bytes never depend on its neighbours), by both threads for a
+    // prompt-sized call: 2,048 rows of 2,048 inputs took ~2 ms on one core.
+    ridgeline::parallel_chunks(m_total, std::max<int64_t>(1, (64 << 10) / k), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const int64_t m0 = i / balanced * balanced;
+            const TileActivations tile = xq.tile(m0, nullptr, groups);
+            quantize_activation(x + i * k, k, xq.tile_rows(m0), i - m0, const_cast<int8_t*>(tile.q),
+                                const_cast<float*>(tile.scale), const_cast<int32_t*>(tile.sum16),
+                                const_cast<int32_t*>(tile.sum32));
+        }
+    });
     // On the stack for a decode step's few rows (no allocation in the ~80 calls of a batch-1 step).
     constexpr int64_t kOnStack = 2048;
     int32_t stack_sums[kOnStack];
     thread_local Scratch<int32_t> heap_sums;
-    int32_t* offset_sums = offset && m_total * groups > kOnStack ? heap_sums.get(m_total * groups) : stack_sums;
+    int32_t* offset_sums = nullptr;
     if constexpr (offset != 0) {
-        ridgeline::parallel_chunks(m_total, kSerialRows, [&](int64_t begin, int64_t end) {
-            for (int64_t i = begin; i < end; ++i) {
-                const int32_t* sums = group_steps<QT>() == 4 ? x[i].sum16 : x[i].sum32;
-                for (int64_t g = 0; g < groups; ++g) offset_sums[i * groups + g] = -offset * sums[g];
-                x[i].offset_sum = offset_sums + i * groups;
-            }
+        // The sums' arrays are laid out as the offsets' ([tile][group][row of the tile]): one pass over them.
+        const int32_t* sums = group_steps<QT>() == 4 ? xq.sum16 : xq.sum32;
+        offset_sums = m_total * groups > kOnStack ? heap_sums.get(m_total * groups) : stack_sums;
+        ridgeline::parallel_chunks(m_total * groups, kSerialRows * groups, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) offset_sums[i] = -offset * sums[i];
         });
     }
     const int64_t bytes_per_block = planes.quants.size(1) + (planes.high.numel() ? planes.high.size(1) : 0);
@@ -383,21 +446,19 @@ void gemv_typed(const Planes& planes, std::vector<QuantizedActivation>& x, float
     // rows) wrote 16 scattered 64-byte pieces per block and ran at ~60-70 % of a small matrix's rate (585 against
     // ~1,050 GFLOP/s on the 2-core Zen 4); by panels, ~80 %. Which tile or panel computes an output never changes
     // its bits: every output takes the same operations whatever the loop order.
-    // Tiles of equal size rather than full ones and a remainder: 16 rows as 8 + 8, not 12 + 4, whose small tile
-    // decodes every weight again for a third of the dot products.
-    const int64_t tiles = (m_total + tile_rows - 1) / tile_rows, balanced = (m_total + tiles - 1) / tiles;
     const int64_t panel = m_total > tile_rows ? std::max<int64_t>(1, (192 << 10) / bytes_per_block) : 1;
     const PlaneWalk walk(planes);
     ridgeline::parallel_chunks(blocks, grain, [&](int64_t begin, int64_t end) {
         for (int64_t first = begin; first < end; first += panel) {
             const int64_t last = std::min(end, first + panel);
             for (int64_t m0 = 0; m0 < m_total; m0 += balanced) {
-                const int tile = static_cast<int>(std::min<int64_t>(balanced, m_total - m0));
+                const int tile = static_cast<int>(xq.tile_rows(m0));
+                const TileActivations activations = xq.tile(m0, offset_sums, groups);
                 for (int64_t block = first; block < last; ++block) {
                     float* outs[kMaxTile];
                     for (int t = 0; t < tile; ++t) outs[t] = out + (m0 + t) * rows + block * kRows;
                     dispatch_tile<QT>(tile, std::make_integer_sequence<int, tile_rows>{}, walk.block(block), groups,
-                                      &x[m0], outs, valid_rows(rows, block));
+                                      activations, outs, valid_rows(rows, block));
                 }
             }
         }
@@ -445,24 +506,10 @@ torch::Tensor gemv(int64_t qtype, torch::Tensor x, torch::Tensor quants, torch::
     x = x.contiguous();
     const int64_t m_total = x.size(0), k = x.size(1);
     TORCH_CHECK(k % 32 == 0 && rows <= quants.size(0) * kRows, "gemv: K must be a multiple of 32 and rows fit the blocks");
-    thread_local Scratch<int8_t> q_scratch;
-    thread_local Scratch<float> scale_scratch;
-    thread_local Scratch<int32_t> sum16_scratch, sum32_scratch;
-    int8_t* q = q_scratch.get(m_total * k);
-    float* scale = scale_scratch.get(m_total * k / 32);
-    int32_t *sum16 = sum16_scratch.get(m_total * k / 16), *sum32 = sum32_scratch.get(m_total * k / 32);
-    std::vector<QuantizedActivation> activations(m_total);
-    // Rows are quantised independently (a row's bytes never depend on its neighbours), by both threads for a
-    // prompt-sized call: 2,048 rows of 2,048 inputs took ~2 ms on one core.
-    ridgeline::parallel_chunks(m_total, std::max<int64_t>(1, (64 << 10) / k), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            quantize_activation(x.data_ptr<float>() + i * k, k, q + i * k, scale + i * k / 32, sum16 + i * k / 16,
-                                sum32 + i * k / 32);
-            activations[i] = {q + i * k, scale + i * k / 32, sum16 + i * k / 16, sum32 + i * k / 32};
-        }
-    });
     auto out = large_buffers().empty_float({m_total, rows});
-    dispatch(qtype, [&](auto type) { gemv_typed<decltype(type)::value>(planes, activations, out.data_ptr<float>(), rows, k); });
+    dispatch(qtype, [&](auto type) {
+        gemv_typed<decltype(type)::value>(planes, x.data_ptr<float>(), m_total, out.data_ptr<float>(), rows, k);
+    });
     return out;
 }
 
