@@ -49,6 +49,7 @@ ROWS = (
     ("ITL p99 (ms)", "itl_p99_ms", "{:.1f}"),
     ("prompt tokens", "prompt_tokens", "{}"),
     ("output tokens", "output_tokens", "{}"),
+    ("host steal (%)", "host_steal_percent", "{:.1f}"),
 )
 
 
@@ -186,7 +187,8 @@ def ratios(results: dict[str, dict]) -> dict[str, float]:
 def median_figures(runs: list[dict]) -> dict:
     """One engine's figures over its rounds: the median of each throughput and latency figure; of the counts, the
     worst round's (the fewest completed and output tokens, the most failed), so a short round is not hidden."""
-    numbers = {key for key, value in runs[0].items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    numbers = {key for key in runs[0]  # figures every round has (a host's steal share may be unknown)
+               if all(isinstance(run.get(key), (int, float)) and not isinstance(run.get(key), bool) for run in runs)}
     worst = {"completed": min, "output_tokens": min, "prompt_tokens": min, "failed": max}
     return {key: worst[key](run[key] for run in runs) if key in worst else statistics.median(run[key] for run in runs)
             for key in numbers}
@@ -339,6 +341,11 @@ def main() -> None:
         print(f"ridgeline{' tuned' if ours else ''} vs {theirs}: {ratio:.2f}x (target {THROUGHPUT_TARGET}x: "
               f"{'met' if ratio >= THROUGHPUT_TARGET else 'missed'})"
               + (f"; round by round {', '.join(per_round)}" if len(per_round) > 1 else ""))
+    if args.repeats > 1:  # the host's share of each burst: where a round ran slow for reasons not its own
+        for name in results:
+            stolen = [r[name].get("host_steal_percent") for r in rounds if name in r]
+            print(f"{name}: host steal during each round's burst: "
+                  + ", ".join("-" if share is None else f"{share:.1f} %" for share in stolen))
     for name, setting in settings.items():
         if "failed_to_start" in setting:
             print(f"{name} did not start: {setting['failed_to_start']}")

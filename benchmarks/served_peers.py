@@ -47,8 +47,10 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
         bench_serve(warm_up, [level])
         config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
                                   output_len=args.output_len, max_seconds=args.max_seconds)
+        ticks = cpu_ticks()
         result = bench_serve(config, [level], on_done)
         summary = result["levels"][0]
+        summary["host_steal_percent"] = steal_percent(ticks, cpu_ticks())
         if inspect is not None:
             summary["inspected"] = inspect(url, result["started_at"])
         return summary
@@ -59,6 +61,31 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def cpu_ticks(stat: str | None = None) -> tuple[int, int] | None:
+    """(stolen, all) CPU time so far in clock ticks, summed over this machine's CPUs: /proc/stat's first line (or
+    `stat`, its text), or None where there is none. "Stolen" is time a virtual machine's CPUs were ready to run
+    while its host ran something else. On the 2-core VM these benchmarks run on, the rounds that ran after a vLLM
+    server saw 2-6 % of it, and the slowest steps of a burst came in those seconds."""
+    if stat is None:
+        try:
+            stat = Path("/proc/stat").read_text()
+        except OSError:
+            return None
+    fields = stat.splitlines()[0].split()
+    if fields[0] != "cpu" or len(fields) < 9:  # steal is the 8th number (Linux 2.6.11 on)
+        return None
+    ticks = [int(field) for field in fields[1:]]
+    # guest and guest_nice (9th and 10th) are already counted in user and nice
+    return ticks[7], sum(ticks[:8])
+
+
+def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the CPUs' time stolen by the host between two cpu_ticks() readings, in percent."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
 
 
 def wait_until_ready(server: subprocess.Popen, url: str, failure: str, timeout_s: float = 300) -> None:
@@ -87,12 +114,14 @@ def figures(level: dict) -> dict:
         "output_tokens": level["output_tokens"],
         "prompt_tokens": level["prompt_tokens"],
         "duration_s": level["duration_s"],
+        "host_steal_percent": level.get("host_steal_percent"),
     }
 
 
 def print_table(results: dict[str, dict], rows=DEFAULT_ROWS) -> None:
     print(f"{'':20}" + "".join(f"{name:>18}" for name in results))
     for label, key, fmt in rows:
-        print(f"{label:20}" + "".join(f"{fmt.format(column[key]):>18}" for column in results.values()))
+        cells = ("-" if column.get(key) is None else fmt.format(column[key]) for column in results.values())
+        print(f"{label:20}" + "".join(f"{cell:>18}" for cell in cells))
     completion = (f"{column['completed']} / {column['failed']}" for column in results.values())
     print(f"{'completed / failed':20}" + "".join(f"{text:>18}" for text in completion))

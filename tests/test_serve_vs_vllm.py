@@ -162,3 +162,22 @@ def test_step_breakdown_names_the_steps_that_ran_over_their_itl_target(bench):
     assert breakdown["steps_with_itl_target"] == 4 and breakdown["steps_over_itl_target"] == 2
     assert breakdown["worst_step_vs_itl_target"]["index"] == 1
     assert breakdown["worst_step_vs_itl_target"]["seconds"] == 0.32
+
+
+def test_the_hosts_stolen_share_of_a_burst_comes_from_proc_stat_steal_column(bench):
+    """A virtual machine's slow round may be its host's doing: served_peers reads /proc/stat's steal ticks around
+    the measured burst. user nice system idle iowait irq softirq steal guest guest_nice: steal is the 8th, and the
+    guest columns are already inside user and nice."""
+    peers = importlib.import_module("served_peers")
+    before = peers.cpu_ticks("cpu  1000 10 200 5000 40 0 5 30 77 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = peers.cpu_ticks("cpu  1500 10 300 5300 40 0 5 60 99 0\n")
+    assert before == (30, 6285) and after == (60, 7215)
+    assert peers.steal_percent(before, after) == pytest.approx(100 * 30 / 930)
+    assert peers.steal_percent(None, after) is None and peers.steal_percent(after, after) is None
+    assert peers.cpu_ticks("cpu  1 2 3 4\n") is None  # a kernel too old to count steal
+
+
+def test_median_figures_leave_out_a_figure_some_round_does_not_have(bench):
+    rounds = [{"output_tokens_per_s": 100.0, "host_steal_percent": 1.0},
+              {"output_tokens_per_s": 120.0, "host_steal_percent": None}]
+    assert bench.median_figures(rounds) == {"output_tokens_per_s": 110.0}
