@@ -103,6 +103,7 @@ def serve_command(
     with console.status("loading model"):
         engine = LLMEngine(config)
     console.print(engine.capacity_report, highlight=False)
+    engine.populate_kv_in_background()  # the pool's pages faulted in while cores idle, not in the first bursts' steps
     target = config.scheduler.itl_target
     console.print(f"step budget: {config.scheduler.max_num_batched_tokens} tokens; "
                   + (f"{target.describe()} caps prefill beside decodes" if target else "no ITL target"), highlight=False)

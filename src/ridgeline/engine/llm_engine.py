@@ -19,6 +19,7 @@ from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, describe_capacity
 from ridgeline.engine.kv_handoff import (KVHandoffError, KVLayout, KVManifest, PageRef, pages_to_move, read_page,
                                          write_page)
+from ridgeline.engine.kv_populate import populate_in_background
 from ridgeline.engine.output_processor import OutputProcessor, Sample
 from ridgeline.engine.outputs import EngineStats, RequestOutput
 from ridgeline.engine.sampler import Sampler, TokenLogprobs
@@ -221,6 +222,11 @@ class LLMEngine:
                             num_prompt_tokens=chunk.seq.num_prompt_tokens)
 
     # ---- KV handoff (disaggregated prefill and decode; engine/kv_handoff.py) -----------------------------------
+    def populate_kv_in_background(self) -> None:
+        """Fault the KV pool's pages in on an idle-priority thread (engine/kv_populate.py): for a server, whose
+        pool serves one burst after another, so the first bursts do not pay for fresh pages in their steps."""
+        populate_in_background(self.runner.kv_cache.tensors)
+
     def kv_layout(self) -> KVLayout:
         cache = self.runner.kv_cache
         config = self.model_config
