@@ -390,9 +390,16 @@ struct QuantizedTiles {
     int64_t m_total, k, balanced;  // rows, inputs, rows per tile (the last tile may have fewer)
 
     int64_t tile_rows(int64_t m0) const { return std::min(balanced, m_total - m0); }
+    // The tile starting at row m0, as the kernel reads it.
     TileActivations tile(int64_t m0, const int32_t* offset_sums, int64_t groups) const {
         return {q + m0 * k, scale + m0 * k / 32, sum16 + m0 * k / 16, sum32 + m0 * k / 32,
                 offset_sums ? offset_sums + m0 * groups : nullptr};
+    }
+    // Row i of the call (x: its k inputs), quantised into its place in its tile.
+    void quantize_row(const float* x, int64_t i) const {
+        const int64_t m0 = i / balanced * balanced;
+        quantize_activation(x, k, tile_rows(m0), i - m0, q + m0 * k, scale + m0 * k / 32, sum16 + m0 * k / 16,
+                            sum32 + m0 * k / 32);
     }
 };
 
@@ -417,13 +424,7 @@ void gemv_typed(const Planes& planes, const float* x, int64_t m_total, float* ou
     // Rows are quantised independently (a row's bytes never depend on its neighbours), by both threads for a
     // prompt-sized call: 2,048 rows of 2,048 inputs took ~2 ms on one core.
     ridgeline::parallel_chunks(m_total, std::max<int64_t>(1, (64 << 10) / k), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-            const int64_t m0 = i / balanced * balanced;
-            const TileActivations tile = xq.tile(m0, nullptr, groups);
-            quantize_activation(x + i * k, k, xq.tile_rows(m0), i - m0, const_cast<int8_t*>(tile.q),
-                                const_cast<float*>(tile.scale), const_cast<int32_t*>(tile.sum16),
-                                const_cast<int32_t*>(tile.sum32));
-        }
+        for (int64_t i = begin; i < end; ++i) xq.quantize_row(x + i * k, i);
     });
     // On the stack for a decode step's few rows (no allocation in the ~80 calls of a batch-1 step).
     constexpr int64_t kOnStack = 2048;
