@@ -220,6 +220,13 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def quiet_host_text(wait: dict) -> str:
+    """One round's wait for a quiet host (served_peers.wait_for_quiet_host), in words."""
+    probes = ", ".join("-" if share is None else f"{share:.1f}" for share in wait["steal_percent"])
+    outcome = {True: "quiet", False: "still stealing", None: "no steal counter"}[wait["quiet"]]
+    return f"{outcome} after {wait['waited_s']:.0f} s (steal under load {probes} %)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="GGUF file (default: the bundled Gemma 3 270M Q4_K_M)")
@@ -234,6 +241,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds of every engine, in turn (a neighbour's load on a shared machine then falls on "
                              "all of them alike); the table gives each figure's median over the rounds")
+    parser.add_argument("--quiet-host-wait", type=float, default=60, metavar="SECONDS",
+                        help="before each measured burst, wait up to this long for the host to stop stealing CPU time "
+                             "(probed with every core busy; 0: probe once, do not wait)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
@@ -281,7 +291,8 @@ def main() -> None:
                                    "env": {k: v for k, v in env.items() if k.startswith("VLLM_") or k == "LD_PRELOAD"}}
                 try:
                     level = measure(name, command, "/health", args, env=env, ready_timeout_s=timeout,
-                                    on_done=keep_text(name), inspect=inspect)
+                                    on_done=keep_text(name), inspect=inspect,
+                                    quiet_host_wait_s=args.quiet_host_wait)
                 except RuntimeError as error:  # a server that does not start: say so, and measure the others
                     settings[name]["failed_to_start"] = str(error)
                     print(f"{name}: {error}", file=sys.stderr)
@@ -291,6 +302,8 @@ def main() -> None:
                            "full_length": full_length(column, args.concurrency, args.output_len)}
                 if "inspected" in level:
                     column["steps"] = level["inspected"]
+                if "quiet_host" in level:
+                    column["quiet_host"] = level["quiet_host"]
                 rounds[-1][name] = column
     results = {name: median_figures([r[name] for r in rounds if name in r]) for name in engines
                if any(name in r for r in rounds)}
@@ -346,6 +359,10 @@ def main() -> None:
             stolen = [r[name].get("host_steal_percent") for r in rounds if name in r]
             print(f"{name}: host steal during each round's burst: "
                   + ", ".join("-" if share is None else f"{share:.1f} %" for share in stolen))
+    for name in results:
+        waits = [r[name]["quiet_host"] for r in rounds if name in r and "quiet_host" in r[name]]
+        if waits:
+            print(f"{name}: before each burst, " + "; ".join(quiet_host_text(wait) for wait in waits))
     for name, setting in settings.items():
         if "failed_to_start" in setting:
             print(f"{name} did not start: {setting['failed_to_start']}")

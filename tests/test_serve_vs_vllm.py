@@ -181,3 +181,59 @@ def test_median_figures_leave_out_a_figure_some_round_does_not_have(bench):
     rounds = [{"output_tokens_per_s": 100.0, "host_steal_percent": 1.0},
               {"output_tokens_per_s": 120.0, "host_steal_percent": None}]
     assert bench.median_figures(rounds) == {"output_tokens_per_s": 110.0}
+
+
+class FakeHost:
+    """A host whose steal under load reads `readings` in turn, on a clock that each probe (2 s) and pause moves."""
+
+    def __init__(self, readings):
+        self.readings, self.now, self.pauses = list(readings), 0.0, []
+
+    def probe(self):
+        self.now += 2.0
+        return self.readings.pop(0)
+
+    def pause(self, seconds):
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+def test_a_burst_waits_until_the_host_stops_stealing_and_says_how_long(bench):
+    peers = importlib.import_module("served_peers")
+    host = FakeHost([3.4, 1.2, 0.3, 9.9])
+    wait = peers.wait_for_quiet_host(60, probe=host.probe, pause=host.pause, clock=lambda: host.now)
+    assert wait == {"waited_s": 12.0, "steal_percent": [3.4, 1.2, 0.3], "quiet": True}
+    assert host.pauses == [3.0, 3.0] and host.readings == [9.9]  # no probe once one was quiet
+    assert bench.quiet_host_text(wait) == "quiet after 12 s (steal under load 3.4, 1.2, 0.3 %)"
+
+
+def test_a_host_that_never_goes_quiet_is_waited_for_only_up_to_the_limit(bench):
+    peers = importlib.import_module("served_peers")
+    host = FakeHost([5.0] * 20)
+    wait = peers.wait_for_quiet_host(10, probe=host.probe, pause=host.pause, clock=lambda: host.now)
+    assert wait["quiet"] is False and wait["waited_s"] == 12.0 and len(wait["steal_percent"]) == 3
+    assert bench.quiet_host_text(wait).startswith("still stealing after 12 s")
+    once = FakeHost([5.0, 0.0])  # a limit of 0: one probe, no waiting
+    assert peers.wait_for_quiet_host(0, probe=once.probe, pause=once.pause, clock=lambda: once.now)["steal_percent"] == [5.0]
+    none = FakeHost([None])  # no steal counter: nothing to wait for
+    assert peers.wait_for_quiet_host(60, probe=none.probe, pause=none.pause, clock=lambda: none.now)["quiet"] is None
+
+
+def test_the_steal_probe_keeps_every_cpu_busy_while_it_reads(bench, monkeypatch):
+    """Steal accrues only while a virtual CPU has work: the probe starts one spinner per CPU between its readings."""
+    peers = importlib.import_module("served_peers")
+    started = []
+
+    class Spinner:
+        def __init__(self, command):
+            started.append(command)
+
+        def wait(self):
+            return 0
+
+    readings = iter([(10, 1000), (13, 1400)])
+    monkeypatch.setattr(peers.subprocess, "Popen", Spinner)
+    monkeypatch.setattr(peers, "cpu_ticks", lambda: next(readings))
+    monkeypatch.setattr(peers.os, "cpu_count", lambda: 3)
+    assert peers.steal_under_load(1.5) == pytest.approx(0.75)
+    assert len(started) == 3 and all(command[-1] == "1.5" for command in started)
