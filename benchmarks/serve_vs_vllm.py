@@ -247,6 +247,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if not args.quiet_host_wait >= 0:
+        parser.error(f"--quiet-host-wait must be 0 or more seconds, got {args.quiet_host_wait}")
     args.num_prompts = args.concurrency  # one burst: every request in flight at once
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     if unknown := set(engines) - set(ENGINES):

@@ -237,3 +237,11 @@ def test_the_steal_probe_keeps_every_cpu_busy_while_it_reads(bench, monkeypatch)
     monkeypatch.setattr(peers.os, "cpu_count", lambda: 3)
     assert peers.steal_under_load(1.5) == pytest.approx(0.75)
     assert len(started) == 3 and all(command[-1] == "1.5" for command in started)
+
+
+def test_a_negative_quiet_host_wait_is_refused_before_anything_starts():
+    import subprocess
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "serve_vs_vllm.py"), "--quiet-host-wait", "-5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--quiet-host-wait must be 0 or more seconds, got -5.0" in done.stderr
