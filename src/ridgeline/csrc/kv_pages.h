@@ -33,8 +33,13 @@ inline __m512 load16(const BFloat16* p) {  // bf16 is the upper half of a float
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+// Asks for `bytes` from `start`, a line at a time: into L1, or (prefetch_l2) into L2 only.
 inline void prefetch(const void* start, int64_t bytes) {
     for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(start) + line, _MM_HINT_T0);
+}
+
+inline void prefetch_l2(const void* start, int64_t bytes) {
+    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(start) + line, _MM_HINT_T1);
 }
 
 // Float pages of element type T; `at` counts elements of the [slots, kv_heads, head_dim] tensor.
@@ -47,6 +52,10 @@ struct FloatPages {
 
     // Ask for one head vector of `dim` values ahead of its use (pages are scattered and the cache is cold).
     void prefetch_head(int64_t at, int64_t dim) const { prefetch(data + at, dim * static_cast<int64_t>(sizeof(T))); }
+    // The same into L2, further ahead (paged_attention.cpp says why two hops).
+    void prefetch_head_l2(int64_t at, int64_t dim) const {
+        prefetch_l2(data + at, dim * static_cast<int64_t>(sizeof(T)));
+    }
 };
 
 // Q8_0 pages: int8 values [slots, kv_heads, head_dim] and fp16 scales [slots, kv_heads * head_dim / 32].
@@ -64,6 +73,10 @@ struct Q8Pages {
     void prefetch_head(int64_t at, int64_t dim) const {
         prefetch(values + at, dim);
         prefetch(scales + at / 32, dim / 32 * 2);  // a head's scales are adjacent: one line for head_dim <= 1024
+    }
+    void prefetch_head_l2(int64_t at, int64_t dim) const {
+        prefetch_l2(values + at, dim);
+        prefetch_l2(scales + at / 32, dim / 32 * 2);
     }
 };
 
