@@ -1,0 +1,45 @@
+"""benchmarks/attention_decode.py builds the step it times as the engine would see it: every row's block table
+points at pages of its own, inside the cache, scattered or in a row, and a timed step is one kernel call per
+layer that runs."""
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from compiled_kernels import needs_compiled
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("attention_decode")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("scattered", [True, False])
+def test_every_row_reads_pages_of_its_own_inside_the_cache(bench, scattered):
+    rows, keys, layers = 5, 40, 2
+    caches, tables, queries = bench.decode_step_inputs(rows, keys, layers, heads=4, kv_heads=1, head_dim=64,
+                                                       scattered=scattered)
+    pages_per_row = -(-keys // bench.BLOCK_SIZE)
+    assert tables.shape == (rows, pages_per_row) and tables.dtype == torch.int32
+    assert len(set(tables.flatten().tolist())) == rows * pages_per_row  # no page shared between rows
+    slots = caches[0][0].shape[0]
+    assert tables.min() >= 0 and (tables.max() + 1) * bench.BLOCK_SIZE <= slots
+    assert len(caches) == layers and all(k.dtype == v.dtype == torch.bfloat16 for k, v in caches)
+    assert queries.shape == (rows, 4, 64)
+    in_a_row = tables.flatten().tolist() == list(range(rows * pages_per_row))
+    assert in_a_row != scattered
+
+
+@needs_compiled  # the benchmark times the compiled kernel
+def test_a_timed_step_runs(bench):
+    seconds = bench.time_decode_step(rows=3, keys=50, layers=2, heads=4, kv_heads=1, head_dim=64, scattered=True,
+                                     repeats=2)
+    assert len(seconds) == 2 and all(s > 0 for s in seconds)
