@@ -2,24 +2,16 @@
 points at pages of its own, inside the cache, scattered or in a row, and a timed step is one kernel call per
 layer that runs."""
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from benchmark_scripts import benchmark_module
 from compiled_kernels import needs_compiled
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("attention_decode")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_module("attention_decode") as module:
+        yield module
 
 
 @pytest.mark.parametrize("scattered", [True, False])

@@ -7,11 +7,10 @@ it, and without running its main(). The two that run inside llama-cpp-python's o
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import BENCHMARKS
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 IN_PEER_ENVIRONMENT = {"llamacpp_worker.py", "record_llamacpp_reference.py"}  # import llama_cpp, in its own venv
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in IN_PEER_ENVIRONMENT)
 

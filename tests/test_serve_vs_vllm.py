@@ -8,17 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmark_scripts import BENCHMARKS, benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("serve_vs_vllm")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    with benchmark_module("serve_vs_vllm") as module:
+        yield module
 
 
 def test_vllm_default_command_is_the_server_module_with_the_one_flag_it_needs_to_start(bench):
