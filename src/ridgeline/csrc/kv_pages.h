@@ -33,13 +33,18 @@ inline __m512 load16(const BFloat16* p) {  // bf16 is the upper half of a float
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// Asks for `bytes` from `start`, a line at a time: into L1, or (prefetch_l2) into L2 only.
-inline void prefetch(const void* start, int64_t bytes) {
-    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(start) + line, _MM_HINT_T0);
-}
+enum class Into { L1, L2 };  // where a prefetch brings its lines: L2 only for the far hop (paged_attention.cpp)
 
-inline void prefetch_l2(const void* start, int64_t bytes) {
-    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(static_cast<const char*>(start) + line, _MM_HINT_T1);
+// Asks for `bytes` from `start`, a line at a time. (`into` is a constant at every call: the branch folds away.)
+inline void prefetch(const void* start, int64_t bytes, Into into = Into::L1) {
+    const char* first = static_cast<const char*>(start);
+    for (int64_t line = 0; line < bytes; line += 64) {
+        if (into == Into::L1) {
+            _mm_prefetch(first + line, _MM_HINT_T0);
+        } else {
+            _mm_prefetch(first + line, _MM_HINT_T1);
+        }
+    }
 }
 
 // Float pages of element type T; `at` counts elements of the [slots, kv_heads, head_dim] tensor.
@@ -51,10 +56,8 @@ struct FloatPages {
     void load32(int64_t at, __m512& lo, __m512& hi) const { lo = load16(data + at), hi = load16(data + at + 16); }
 
     // Ask for one head vector of `dim` values ahead of its use (pages are scattered and the cache is cold).
-    void prefetch_head(int64_t at, int64_t dim) const { prefetch(data + at, dim * static_cast<int64_t>(sizeof(T))); }
-    // The same into L2, further ahead (paged_attention.cpp says why two hops).
-    void prefetch_head_l2(int64_t at, int64_t dim) const {
-        prefetch_l2(data + at, dim * static_cast<int64_t>(sizeof(T)));
+    void prefetch_head(int64_t at, int64_t dim, Into into = Into::L1) const {
+        prefetch(data + at, dim * static_cast<int64_t>(sizeof(T)), into);
     }
 };
 
@@ -70,13 +73,9 @@ struct Q8Pages {
         hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), scale);
     }
 
-    void prefetch_head(int64_t at, int64_t dim) const {
-        prefetch(values + at, dim);
-        prefetch(scales + at / 32, dim / 32 * 2);  // a head's scales are adjacent: one line for head_dim <= 1024
-    }
-    void prefetch_head_l2(int64_t at, int64_t dim) const {
-        prefetch_l2(values + at, dim);
-        prefetch_l2(scales + at / 32, dim / 32 * 2);
+    void prefetch_head(int64_t at, int64_t dim, Into into = Into::L1) const {
+        prefetch(values + at, dim, into);
+        prefetch(scales + at / 32, dim / 32 * 2, into);  // a head's scales are adjacent: one line for head_dim <= 1024
     }
 };
 

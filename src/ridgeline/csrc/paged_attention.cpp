@@ -33,6 +33,7 @@ namespace {
 using ridgeline::exp16;
 using ridgeline::reduce_add;
 using ridgeline::reduce_add_16;
+using ridgeline::kv::Into;
 
 constexpr int kMaxBundle = 8;  // query heads per pass over one KV head's keys (accumulators stay in registers)
 
@@ -121,8 +122,8 @@ void key_scores(const Item& item, const K& k_cache, const V& v_cache, int64_t he
     }
     for (; i < n; ++i) {
         if (i + kFarAhead < n) {
-            k_cache.prefetch_head_l2(item.keys[i + kFarAhead], head_dim);
-            v_cache.prefetch_head_l2(item.keys[i + kFarAhead], head_dim);
+            k_cache.prefetch_head(item.keys[i + kFarAhead], head_dim, Into::L2);
+            v_cache.prefetch_head(item.keys[i + kFarAhead], head_dim, Into::L2);
         }
         if (i + kPrefetchAhead < n) k_cache.prefetch_head(item.keys[i + kPrefetchAhead], head_dim);
         v_cache.prefetch_head(item.keys[i], head_dim);
