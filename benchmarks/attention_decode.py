@@ -64,6 +64,18 @@ def time_decode_step(rows: int, keys: int, layers: int, heads: int, kv_heads: in
     return seconds
 
 
+def shape_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the step's shape for the kernel, in words; None where it can run."""
+    for name in ("rows", "keys", "layers", "heads", "kv_heads", "head_dim", "threads", "repeats"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+    if args.head_dim % 32:
+        return f"--head-dim must be a multiple of 32 (the kernel reads 32 values at a time), got {args.head_dim}"
+    if args.heads % args.kv_heads:
+        return f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=32, help="decode rows (sequences) in the step")
@@ -76,6 +88,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=60, help="timed steps per page layout")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args()
+    if problem := shape_problem(args):
+        parser.error(problem)
     if compiled() is None:
         raise SystemExit("attention_decode: the compiled kernels are not available on this machine")
     with open(CPU_LOCK, "a") as lock:
