@@ -148,6 +148,9 @@ def test_a_server_without_v1_steps_is_a_clear_error():
             read_steps(f"http://127.0.0.1:{server.server_address[1]}")
     finally:
         server.shutdown()
+        # shutdown() only stops the serving loop: the socket would still accept connections that nobody answers,
+        # and the read below would wait out its timeout (60 s) instead of being refused at once.
+        server.server_close()
     with pytest.raises(RidgelineError, match="cannot read"):
         read_steps(f"http://127.0.0.1:{server.server_address[1]}")  # nothing listens there any more
 
