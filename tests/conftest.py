@@ -37,6 +37,14 @@ def default_checkpoint():
     return read_checkpoint()
 
 
+@pytest.fixture(scope="session")
+def default_tokenizer(default_checkpoint):
+    """The default model's tokenizer as the engine builds it: from the GGUF metadata the checkpoint keeps (cached
+    after the first parse; test_start_caches checks a cached load tokenizes as the file does). Parsing the file
+    again with gguf.GGUFReader takes ~13 s here, for its 262,144-token vocabulary."""
+    return default_checkpoint.load_tokenizer()
+
+
 def make_runner(checkpoint, weights: str, num_blocks: int = 64):
     from ridgeline.engine.assemble import assemble_model
     from ridgeline.engine.kv_cache import KVCacheConfig

@@ -116,10 +116,5 @@ def test_the_default_vocabulary_encodes_any_text_and_decodes_any_ids(gemma_token
 
 
 @pytest.fixture(scope="module")
-def gemma_tokenizer():
-    import gguf
-
-    from ridgeline.model.default_model import default_model_path
-    from ridgeline.model.tokenizer import tokenizer_from_gguf
-
-    return tokenizer_from_gguf(gguf.GGUFReader(default_model_path()))
+def gemma_tokenizer(default_tokenizer):
+    return default_tokenizer

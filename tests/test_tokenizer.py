@@ -11,7 +11,6 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.model.default_model import default_model_path
 from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 from ridgeline.model.tokenizer.bpe import byte_level_bpe
 
@@ -31,8 +30,8 @@ TRAINING_TEXT = [" ".join(SAMPLES) + " The quick brown fox jumps over the lazy d
 
 
 @pytest.fixture(scope="module")
-def gemma():
-    return tokenizer_from_gguf(gguf.GGUFReader(default_model_path()))
+def gemma(default_tokenizer):
+    return default_tokenizer
 
 
 @pytest.mark.slow
