@@ -51,10 +51,11 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
         config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
                                   output_len=args.output_len, max_seconds=args.max_seconds)
         quiet = None if quiet_host_wait_s is None else wait_for_quiet_host(quiet_host_wait_s)
-        ticks = cpu_ticks()
+        cpus = usable_cpus()  # the server's too: it inherits this process's affinity
+        ticks = cpu_ticks(cpus=cpus)
         result = bench_serve(config, [level], on_done)
         summary = result["levels"][0]
-        summary["host_steal_percent"] = steal_percent(ticks, cpu_ticks())
+        summary["host_steal_percent"] = steal_percent(ticks, cpu_ticks(cpus=cpus))
         if quiet is not None:
             summary["quiet_host"] = quiet
         if inspect is not None:
@@ -69,22 +70,37 @@ def measure(name: str, command: list[str], ready_path: str, args: argparse.Names
         log.close()
 
 
-def cpu_ticks(stat: str | None = None) -> tuple[int, int] | None:
-    """(stolen, all) CPU time so far in clock ticks, summed over this machine's CPUs: /proc/stat's first line (or
-    `stat`, its text), or None where there is none. "Stolen" is time a virtual machine's CPUs were ready to run
-    while its host ran something else. On the 2-core VM these benchmarks run on, the rounds that ran after a vLLM
-    server saw 2-6 % of it, and the slowest steps of a burst came in those seconds."""
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity, which its children inherit), or all of the machine's where
+    the OS does not say."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # (no sched_getaffinity off Linux)
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_ticks(stat: str | None = None, cpus: list[int] | None = None) -> tuple[int, int] | None:
+    """(stolen, all) CPU time so far in clock ticks, from /proc/stat (or `stat`, its text): summed over `cpus`
+    (their cpuN lines), or over the whole machine (the first line) without them; None where a line or its steal
+    column is missing. "Stolen" is time a virtual machine's CPUs were ready to run while its host ran something
+    else. On the 2-core VM these benchmarks run on, the rounds that ran after a vLLM server saw 2-6 % of it, and
+    the slowest steps of a burst came in those seconds. Only the CPUs a benchmark may use count: on a machine
+    where it is pinned to some, the others' idle time would water the share down."""
     if stat is None:
         try:
             stat = Path("/proc/stat").read_text()
         except OSError:
             return None
-    fields = stat.splitlines()[0].split()
-    if fields[0] != "cpu" or len(fields) < 9:  # steal is the 8th number (Linux 2.6.11 on)
-        return None
-    ticks = [int(field) for field in fields[1:]]
-    # guest and guest_nice (9th and 10th) are already counted in user and nice
-    return ticks[7], sum(ticks[:8])
+    lines = {fields[0]: fields[1:] for fields in map(str.split, stat.splitlines()) if fields}
+    names = ["cpu"] if cpus is None else [f"cpu{cpu}" for cpu in cpus]
+    stolen = total = 0
+    for name in names:
+        if len(lines.get(name, ())) < 8:  # steal is the 8th number (Linux 2.6.11 on)
+            return None
+        ticks = [int(field) for field in lines[name]]
+        # guest and guest_nice (9th and 10th) are already counted in user and nice
+        stolen, total = stolen + ticks[7], total + sum(ticks[:8])
+    return stolen, total
 
 
 def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
@@ -102,12 +118,14 @@ def steal_under_load(seconds: float = 2.0) -> float | None:
     """The share of `seconds` (percent) the host took from this machine's CPUs while every one of them was busy.
 
     An idle virtual CPU is never kept waiting, so an idle machine reads no steal whatever its host is doing: the
-    probe keeps every CPU busy (one spinning process each) while it reads /proc/stat."""
-    before = cpu_ticks()
-    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(seconds)]) for _ in range(os.cpu_count() or 1)]
+    probe keeps every CPU busy (one spinning process each) while it reads /proc/stat. Every CPU this process may
+    use, that is: spinners for every CPU of a machine it is pinned to part of would crowd onto that part."""
+    cpus = usable_cpus()
+    before = cpu_ticks(cpus=cpus)
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN, str(seconds)]) for _ in cpus]
     for spinner in spinners:
         spinner.wait()
-    return steal_percent(before, cpu_ticks())
+    return steal_percent(before, cpu_ticks(cpus=cpus))
 
 
 QUIET_STEAL_PERCENT = 0.5  # a quiet host: at most this share stolen while every CPU is busy

@@ -4,6 +4,7 @@ full-length check. Nothing here needs vLLM's environment or starts a server."""
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -173,6 +174,20 @@ def test_the_hosts_stolen_share_of_a_burst_comes_from_proc_stat_steal_column(ben
     assert peers.cpu_ticks("cpu  1 2 3 4\n") is None  # a kernel too old to count steal
 
 
+def test_stolen_time_counts_only_the_cpus_the_benchmark_may_use(bench):
+    """Pinned to some of a machine's CPUs, a benchmark reads their lines of /proc/stat and spins one process on
+    each: the others' idle ticks would water the share down, and a spinner for each of them would crowd onto
+    the CPUs it has."""
+    peers = importlib.import_module("served_peers")
+    stat = ("cpu  1000 10 200 5000 40 0 5 30 77 0\n"
+            "cpu0 600 5 100 2500 20 0 3 0 40 0\n"
+            "cpu1 400 5 100 2500 20 0 2 30 37 0\n")
+    assert peers.cpu_ticks(stat, cpus=[1]) == (30, 3057)
+    assert peers.cpu_ticks(stat, cpus=[0, 1]) == peers.cpu_ticks(stat) == (30, 6285)
+    assert peers.cpu_ticks(stat, cpus=[2]) is None  # a CPU /proc/stat does not list
+    assert peers.usable_cpus() == sorted(os.sched_getaffinity(0))
+
+
 def test_median_figures_leave_out_a_figure_some_round_does_not_have(bench):
     rounds = [{"output_tokens_per_s": 100.0, "host_steal_percent": 1.0},
               {"output_tokens_per_s": 120.0, "host_steal_percent": None}]
@@ -216,9 +231,10 @@ def test_a_host_that_never_goes_quiet_is_waited_for_only_up_to_the_limit(bench):
 
 
 def test_the_steal_probe_keeps_every_cpu_busy_while_it_reads(bench, monkeypatch):
-    """Steal accrues only while a virtual CPU has work: the probe starts one spinner per CPU between its readings."""
+    """Steal accrues only while a virtual CPU has work: the probe starts one spinner per CPU it may use between its
+    readings, and reads those CPUs' lines."""
     peers = importlib.import_module("served_peers")
-    started = []
+    started, read = [], []
 
     class Spinner:
         def __init__(self, command):
@@ -229,10 +245,11 @@ def test_the_steal_probe_keeps_every_cpu_busy_while_it_reads(bench, monkeypatch)
 
     readings = iter([(10, 1000), (13, 1400)])
     monkeypatch.setattr(peers.subprocess, "Popen", Spinner)
-    monkeypatch.setattr(peers, "cpu_ticks", lambda: next(readings))
-    monkeypatch.setattr(peers.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(peers, "cpu_ticks", lambda cpus: read.append(cpus) or next(readings))
+    monkeypatch.setattr(peers, "usable_cpus", lambda: [1, 4, 5])
     assert peers.steal_under_load(1.5) == pytest.approx(0.75)
     assert len(started) == 3 and all(command[-1] == "1.5" for command in started)
+    assert read == [[1, 4, 5], [1, 4, 5]]
 
 
 def test_a_negative_quiet_host_wait_is_refused_before_anything_starts():
