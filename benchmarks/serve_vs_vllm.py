@@ -220,9 +220,14 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+def steal_text(share: float | None, unit: str = "") -> str:
+    """A stolen share (percent) as the reports print it; "-" where the host has no steal counter."""
+    return "-" if share is None else f"{share:.1f}{unit}"
+
+
 def quiet_host_text(wait: dict) -> str:
     """One round's wait for a quiet host (served_peers.wait_for_quiet_host), in words."""
-    probes = ", ".join("-" if share is None else f"{share:.1f}" for share in wait["steal_percent"])
+    probes = ", ".join(steal_text(share) for share in wait["steal_percent"])
     outcome = {True: "quiet", False: "still stealing", None: "no steal counter"}[wait["quiet"]]
     return f"{outcome} after {wait['waited_s']:.0f} s (steal under load {probes} %)"
 
@@ -360,7 +365,7 @@ def main() -> None:
         for name in results:
             stolen = [r[name].get("host_steal_percent") for r in rounds if name in r]
             print(f"{name}: host steal during each round's burst: "
-                  + ", ".join("-" if share is None else f"{share:.1f} %" for share in stolen))
+                  + ", ".join(steal_text(share, " %") for share in stolen))
     for name in results:
         waits = [r[name]["quiet_host"] for r in rounds if name in r and "quiet_host" in r[name]]
         if waits:
