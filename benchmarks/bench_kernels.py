@@ -3,7 +3,9 @@
 For each type and activation row count M it times the int8 gemv (memory-bound path) and dequantise-to-bf16 +
 GEMM (compute-bound path) on one weight matrix, beside torch's bf16 matmul on the same matrix already dense.
 GB/s counts the weight bytes each path must read once (quantised planes, or the dense bf16 matrix); GFLOP/s is
-2*M*out*in per call. The crossover column is where the GEMM path starts to win.
+2*M*out*in per call. The crossover column is where the GEMM path starts to win. The gemv's rate is also given as a
+share of this machine's VPDPBUSD peak (the instruction its inner loop is made of), measured at the start of the
+same run with the same threads (bench/measure.py: a shared machine's clock moves between runs).
 
     flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/bench_kernels.py [--threads 2] [--json]
 """
@@ -15,6 +17,7 @@ import time
 import torch
 from gguf import GGMLQuantizationType as T
 
+from ridgeline.bench.measure import measure_instruction_peaks
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import pack
 from ridgeline.model.quant.random_blocks import random_stored
@@ -33,6 +36,11 @@ def best_seconds(call, seconds: float = 0.3, min_repeats: int = 3) -> float:
         best = min(best, time.perf_counter() - start)
         repeats += 1
     return best
+
+
+def share_of_peak(ops_per_s: float, peaks: dict[str, float] | None) -> float | None:
+    """A gemv's rate as a share of the int8 dot-product peak (None without a peak: no compiled kernels)."""
+    return ops_per_s / peaks["int8_ops_per_s"] if peaks else None
 
 
 def bench_type(qtype: T, shape: tuple[int, int], rows: tuple[int, ...]) -> list[dict]:
@@ -64,18 +72,26 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if kernels.compiled() is None:
         print("compiled kernels unavailable here: timing the torch fallback")
+    peaks = measure_instruction_peaks()
     results = []
     for qtype in TYPES:
         results += bench_type(qtype, tuple(args.shape), ROWS)
     results += bench_type(T.Q8_0, LM_HEAD, (1,))
+    for r in results:
+        r["gemv_share_of_int8_peak"] = share_of_peak(r["gemv_gflop_s"] * 1e9, peaks)
     if args.json:
-        print(json.dumps(results, indent=1))
+        print(json.dumps({"instruction_peaks": peaks, "results": results}, indent=1))
         return
     print(f"threads={torch.get_num_threads()}  GB/s = weight bytes read once per call / time")
-    print(f"{'type':5} {'out x in':>12} {'M':>4} {'gemv GB/s':>9} {'gemv GF/s':>9} {'deq+GEMM GF/s':>13} {'bf16 GB/s':>9} {'bf16 GF/s':>9}")
+    if peaks:
+        print(f"peaks, every thread busy: VPDPBUSD {peaks['int8_ops_per_s'] / 1e9:.0f} GOPS (int8), "
+              f"FMA {peaks['fp32_flops_per_s'] / 1e9:.0f} GFLOP/s (fp32)")
+    print(f"{'type':5} {'out x in':>12} {'M':>4} {'gemv GB/s':>9} {'gemv GF/s':>9} {'of peak':>7} {'deq+GEMM GF/s':>13} "
+          f"{'bf16 GB/s':>9} {'bf16 GF/s':>9}")
     for r in results:
+        share = "-" if r["gemv_share_of_int8_peak"] is None else f"{r['gemv_share_of_int8_peak']:.0%}"
         print(f"{r['type']:5} {r['out']:>6}x{r['in']:<5} {r['rows']:>4} {r['gemv_gb_s']:9.1f} {r['gemv_gflop_s']:9.1f} "
-              f"{r['gemm_gflop_s']:13.1f} {r['torch_bf16_gb_s']:9.1f} {r['torch_bf16_gflop_s']:9.1f}")
+              f"{share:>7} {r['gemm_gflop_s']:13.1f} {r['torch_bf16_gb_s']:9.1f} {r['torch_bf16_gflop_s']:9.1f}")
     print("crossover (first M where dequantise+GEMM beats the gemv):")
     for qtype in TYPES:
         wins = [r["rows"] for r in results if r["type"] == qtype.name and r["gemm_wins"] and r["out"] == args.shape[0]]

@@ -73,6 +73,21 @@ def measure_matmul_flops(
     return 2 * size**3 / elapsed
 
 
+def measure_instruction_peaks(threads: int | None = None, seconds: float = 0.3) -> dict[str, float] | None:
+    """The compiled kernels' ceilings on this machine now, every one of `threads` threads busy: the int8 ops/s of
+    VPDPBUSD, the quantised matmuls' inner loop, and the fp32 FLOP/s of FMA, attention's (csrc/instruction_peaks.cpp).
+    None where the kernels do not run. A shared VM's clock moves (one machine read 410 and 460 GOPS a core hours
+    apart), so a kernel's rate means most against the peak taken in the same run."""
+    from ridgeline.model.native import compiled
+
+    kernels = compiled()
+    if kernels is None:
+        return None
+    with torch_threads(threads):
+        int8_ops, fp32_flops = kernels.instruction_peaks(seconds)
+    return {"int8_ops_per_s": int8_ops, "fp32_flops_per_s": fp32_flops}
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -83,5 +83,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("gated_activation", &ridgeline::gated_activation, "act(gate) * up, act = tanh-GELU or SiLU", release_gil());
     module.def("prepare_attention", &ridgeline::prepare_attention,
                "QK-norm and RoPE of new tokens, their keys and values written to the cache", release_gil());
+    module.def("instruction_peaks", &ridgeline::instruction_peaks,
+               "[int8 ops/s of VPDPBUSD, FLOP/s of fp32 FMA] with every thread busy: the kernels' ceilings",
+               release_gil());
     bind_decode_layer(module);
 }

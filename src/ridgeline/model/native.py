@@ -24,7 +24,7 @@ from ridgeline.startup_clock import phase
 CACHE_DIR = Path(os.environ.get("RIDGELINE_CACHE_DIR", Path.home() / ".cache" / "ridgeline"))
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "quant_kernels.cpp", "paged_attention.cpp", "layer_ops.cpp",
-                                     "decode_layer.cpp")]
+                                     "decode_layer.cpp", "instruction_peaks.cpp")]
 
 
 @dataclass(frozen=True)
