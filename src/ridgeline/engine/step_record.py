@@ -165,6 +165,7 @@ class StepRecorder:
         contexts = []
         prefills = []
         flops = kv_bytes = 0.0
+        sampled_rows = 0  # rows the LM head computes: a decode row and its guesses, a chunk's last token if it samples
         for chunk in plan.chunks:
             start, end = chunk.start, chunk.start + chunk.num_tokens
             # Causal attention of rows start..end-1 (one row: exactly attention_flops_per_token(start)).
@@ -173,11 +174,14 @@ class StepRecorder:
                 # A decode row (with any speculative guesses riding along): reads its sequence's cached KV.
                 contexts.append(start)
                 kv_bytes += shape.kv_bytes_for_context(start, kv_dtype)
+                sampled_rows += chunk.num_tokens
             else:
                 prefills.append(PrefillChunk(start, chunk.num_tokens, chunk.samples))
                 kv_bytes += shape.kv_bytes_for_context(end, kv_dtype)  # the prefix read, the chunk written
+                sampled_rows += int(chunk.samples)
         tokens = plan.num_batched_tokens
-        flops += tokens * shape.matmul_flops_per_token()
+        # (A request for prompt logprobs has logits computed at every prompt position: counted as one row here.)
+        flops += shape.matmul_flops(tokens, sampled_rows)
         budget = plan.budget
         with self._lock:
             step = StepRecord(self._next_index, time.time(), seconds, tokens, tuple(contexts), tuple(prefills),

@@ -88,9 +88,10 @@ class Roofline:
         return StepCost(flops, shape.weight_bytes_read(batch) + kv_read, batch)
 
     def prefill_cost(self, prompt_tokens: int) -> StepCost:
-        """One prompt of `prompt_tokens` in a single pass: weights read once, its KV written once."""
+        """One prompt of `prompt_tokens` in a single pass: weights read once, its KV written once, and logits for its
+        last token only (the first output token's)."""
         shape = self.shape
-        flops = prompt_tokens * shape.matmul_flops_per_token() + shape.prefill_attention_flops(prompt_tokens)
+        flops = shape.matmul_flops(prompt_tokens, 1) + shape.prefill_attention_flops(prompt_tokens)
         kv_written = shape.kv_bytes_for_context(prompt_tokens, self.kv_dtype_bytes)
         return StepCost(flops, shape.weight_bytes_read(prompt_tokens) + kv_written, prompt_tokens)
 
