@@ -40,7 +40,7 @@ def default_checkpoint():
 @pytest.fixture(scope="session")
 def default_tokenizer(default_checkpoint):
     """The default model's tokenizer as the engine builds it: from the GGUF metadata the checkpoint keeps (cached
-    after the first parse; test_start_caches checks a cached load tokenizes as the file does). Parsing the file
+    after the first parse; test_tokenizer checks it tokenizes as the file parsed again does). Parsing the file
     again with gguf.GGUFReader takes ~13 s here, for its 262,144-token vocabulary."""
     return default_checkpoint.load_tokenizer()
 
