@@ -28,7 +28,6 @@ torch::Tensor prepare_attention(torch::Tensor q, torch::Tensor k, torch::Tensor 
                                 torch::Tensor k_cache, torch::Tensor k_scales, torch::Tensor v_cache,
                                 torch::Tensor v_scales, torch::Tensor slots);
 
-
 // instruction_peaks.cpp
 // [int8 ops/s of VPDPBUSD, FLOP/s of fp32 FMA] with every thread busy, each timed for about `seconds`.
 std::vector<double> instruction_peaks(double seconds);

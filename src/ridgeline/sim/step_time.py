@@ -49,8 +49,8 @@ class TermsOf:
 
     def __init__(self, shape: ModelShape, kv_dtype_bytes: float, path: EnginePath = NAPKIN):
         self.shape, self.kv_dtype_bytes, self.path = shape, kv_dtype_bytes, path
-        self.lm_flops_per_row = 2 * shape.lm_head.params
-        self.body_flops_per_token = shape.matmul_flops_per_token() - self.lm_flops_per_row
+        self.body_flops_per_token = shape.matmul_flops(1, 0)  # a row that stops after the last layer
+        self.lm_flops_per_row = shape.matmul_flops(0, 1)
         self.kv_bytes_per_token = shape.kv_bytes_per_token(kv_dtype_bytes)
         # Decode attention FLOPs and KV reads are both the napkin's per-position figures times the positions a
         # row attends (window-aware): take the factors once, so a step costs one attended_positions per chunk.
