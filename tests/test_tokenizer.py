@@ -1,10 +1,14 @@
 """Tokenizers: llama.cpp's ids on the default model, GGUF byte-level BPE and tokenizer.json against `tokenizers`."""
 
+import copy
 import json
+import re
 from pathlib import Path
 
 import gguf
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference_helpers import load_reference
 from tokenizers import Tokenizer as HfBackend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -14,6 +18,7 @@ from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.default_model import default_model_path
 from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 from ridgeline.model.tokenizer.bpe import byte_level_bpe
+from ridgeline.model.tokenizer.spm import SpmTokenizer
 
 REFERENCE = load_reference()
 REFERENCE_CASES = [(case["text"], case["special"], case["ids"]) for case in REFERENCE["tokenize"]] + [
@@ -54,6 +59,41 @@ def test_the_cached_vocabulary_gives_the_same_tokenizer():
         assert cached.encode(text) == gemma.encode(text) and cached.decode(gemma.encode(text)) == gemma.decode(
             gemma.encode(text))
     assert (cached.vocab_size, cached.eos_ids, cached.chat_template) == (gemma.vocab_size, gemma.eos_ids, None)
+
+
+def _gemma_texts():
+    """Text that stresses where words start: reference and sample text cut at random, pieces that hold a U+2581
+    (Gemma's ">▁</" is the one with a mark after another character), runs of spaces and markup."""
+    fragments = [text for text, _, _ in REFERENCE_CASES] + SAMPLES
+    pieces = st.sampled_from(["> </", ">  </", "> ", " </", "</", ">", "  ", "   ", "\n ", "a b", "<b> x</b>"])
+    cut = st.builds(lambda text, a, b: text[min(a, b) : max(a, b)], st.sampled_from(fragments), st.integers(0, 400),
+                    st.integers(0, 400))
+    return st.lists(st.one_of(pieces, cut, st.text(max_size=8)), max_size=12).map("".join)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(text=_gemma_texts())
+def test_gemma_merges_word_by_word_as_over_the_whole_text(gemma, text):
+    """encode merges word by word, caching words (spm.py): the ids must be those of one merge over each run of text
+    between special pieces, as before words were cut (the same tokenizer, with no cut and no cache)."""
+    whole = copy.copy(gemma)
+    whole.__dict__["_word_start"] = re.compile(r"(?!)")  # matches nowhere: each run is one word
+    whole.__dict__["_merge_word"] = whole._merge
+    assert gemma.encode_text(text, special=False) == whole.encode_text(text, special=False)
+
+
+def test_spm_words_are_not_cut_where_a_piece_spans_a_word_start():
+    """A piece with U+2581 after another character ("x▁y") must still be found: no cut is made after "x".
+    After "z", which no piece has before a U+2581, a cut is made and changes nothing."""
+    pieces = ["<unk>", "x", "y", "z", "▁", "▁y", "x▁", "x▁y"]
+    types = [gguf.TokenType.UNKNOWN] + [gguf.TokenType.NORMAL] * 7
+    scores = [0.0, -1.0, -1.0, -1.0, -1.0, -2.0, -3.0, -4.0]
+    tokenizer = SpmTokenizer(pieces, scores, types, unknown_id=0, add_space_prefix=False, bos_id=None, eos_id=None,
+                             eos_ids=frozenset(), add_bos=False, chat_template=None)
+    assert tokenizer.encode("x y") == [pieces.index("x\u2581y")]
+    assert tokenizer.encode("z y") == [pieces.index("z"), pieces.index("\u2581y")]
+    assert tokenizer.encode("x yx y") == [pieces.index("x\u2581y")] * 2  # and the second time, from the cache
 
 
 @pytest.mark.slow
