@@ -94,6 +94,7 @@ def test_spm_words_are_not_cut_where_a_piece_spans_a_word_start():
     assert tokenizer.encode("x y") == [pieces.index("x\u2581y")]
     assert tokenizer.encode("z y") == [pieces.index("z"), pieces.index("\u2581y")]
     assert tokenizer.encode("x yx y") == [pieces.index("x\u2581y")] * 2  # and the second time, from the cache
+    assert tokenizer.encode("z" * 100 + " y") == [pieces.index("z")] * 100 + [pieces.index("\u2581y")]  # not cached
 
 
 @pytest.mark.slow
