@@ -59,24 +59,38 @@ def fake_measurements(monkeypatch, tmp_path):
         calls.append((str(dtype), threads))
         return {torch.bfloat16: 400e9, torch.float32: 200e9}[dtype]
 
+    def int8_ops(threads=None):
+        calls.append(("int8", threads))
+        return 600e9
+
     monkeypatch.setattr(measure, "measure_read_bandwidth", bandwidth)
     monkeypatch.setattr(measure, "measure_matmul_flops", flops)
+    monkeypatch.setattr(measure, "measure_int8_matmul_ops", int8_ops)
     return calls
 
 
 def test_this_machine_is_measured_once_then_read_from_the_cache(fake_measurements, tmp_path):
     first = this_machine.this_machine()
-    assert len(fake_measurements) == 3
-    assert (first.bandwidth, first.flops("bf16"), first.flops("fp32")) == (30e9, 400e9, 200e9)
-    assert first.default_precision == "bf16"  # the faster one is what an engine would use
+    assert len(fake_measurements) == 4
+    assert (first.bandwidth, first.flops("bf16"), first.flops("fp32"), first.flops("int8")) == (30e9, 400e9, 200e9, 600e9)
+    # the faster float precision is what an engine runs a float model in; int8 is for quantised weights only
+    assert first.default_precision == "bf16"
+    assert (first.matmul_precision(integer_weights=True), first.matmul_precision(integer_weights=False)) == ("int8", "bf16")
     assert first.ridge_point() == pytest.approx(400e9 / 30e9)
     cached = json.loads((tmp_path / "ridgeline" / "this-machine.json").read_text())
     assert cached["hardware"]["bandwidth"] == 30e9
 
     assert this_machine.this_machine() == first
-    assert len(fake_measurements) == 3  # no new measurement
+    assert len(fake_measurements) == 4  # no new measurement
     this_machine.this_machine(remeasure=True)
-    assert len(fake_measurements) == 6
+    assert len(fake_measurements) == 8
+
+
+def test_without_compiled_kernels_this_machine_has_no_int8_figure(fake_measurements, monkeypatch):
+    """Quantised weights then take a float GEMM (dequantised), so their roof is the float default."""
+    monkeypatch.setattr(measure, "measure_int8_matmul_ops", lambda threads=None: None)
+    machine = this_machine.this_machine()
+    assert "int8" not in machine.dense_flops and machine.matmul_precision(integer_weights=True) == "bf16"
 
 
 def test_a_different_thread_count_is_measured_afresh(fake_measurements):
@@ -106,6 +120,8 @@ def test_real_measurements_on_small_sizes_are_finite_and_plausible():
     flops = measure.measure_matmul_flops(torch.float32, size=128, seconds=0.05)
     assert math.isfinite(bandwidth) and 1e8 < bandwidth < 1e13
     assert math.isfinite(flops) and 1e8 < flops < 1e16
+    int8_ops = measure.measure_int8_matmul_ops(rows=16, shape=(256, 256), seconds=0.05)
+    assert int8_ops is None or (math.isfinite(int8_ops) and 1e8 < int8_ops < 1e16)
 
 
 def test_roofline_cli_reports_json_and_draws_the_chart(tmp_path):

@@ -1,11 +1,12 @@
 """The napkin model reproduces every number in the source documents, and reads real files correctly."""
 
 import pytest
+from tiny_models import build_hf_model
 
 from ridgeline.bench.model_source import load_model_shape
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
-from ridgeline.napkin.hardware import catalogued, observations
+from ridgeline.napkin.hardware import Hardware, catalogued, observations
 from ridgeline.napkin.model_specs import MODEL_SPECS, model_spec
 from ridgeline.napkin.roofline import REALISTIC_BAND, Roofline, decode_ceiling, ridge_point
 
@@ -207,6 +208,30 @@ def test_a_prompt_computes_logits_for_its_last_token_only():
     assert cost.flops == pytest.approx(1000 * 2 * shape.dense.params + lm_head_row + shape.prefill_attention_flops(1000))
     assert shape.matmul_flops(1000, 1000) == pytest.approx(1000 * shape.matmul_flops_per_token())  # all rows sample
     assert cost.flops < 0.45 * 1000 * shape.matmul_flops_per_token()  # the LM head is ~63 % of a decode row
+
+
+def test_quantised_weights_take_the_machines_int8_roof_where_it_has_one():
+    """A GGUF model's matmuls run as int8 dot products on the compiled kernels, so their roof is the machine's int8
+    rate where one was measured (this-machine's, from those kernels). Float weights keep the float default, and so
+    does every machine without an int8 figure (the catalogue's)."""
+    cpu = Hardware("cpu", "a CPU", bandwidth=50e9, memory_bytes=16e9, default_precision="bf16",
+                   dense_flops={"bf16": 350e9, "fp32": 200e9, "int8": 650e9})
+    quantised, floats = model_spec("gemma-3-270m").shape("Q4_K_M"), model_spec("gemma-3-270m").shape("BF16")
+    assert quantised.integer_weights and not floats.integer_weights
+    assert (Roofline(quantised, cpu).precision, Roofline(quantised, cpu).peak_flops) == ("int8", 650e9)
+    assert (Roofline(floats, cpu).precision, Roofline(floats, cpu).peak_flops) == ("bf16", 350e9)
+    assert Roofline(quantised, cpu, "fp32").peak_flops == 200e9  # a precision asked for is the one used
+    # A long prompt is compute-bound, so its ceiling moves with the roof it is under.
+    assert Roofline(quantised, cpu).prefill(2048).tokens_per_s == pytest.approx(
+        Roofline(quantised, cpu, "bf16").prefill(2048).tokens_per_s * 650 / 350)
+    h100 = catalogued("nvidia-h100-sxm")
+    assert Roofline(quantised, h100).precision == h100.default_precision == "bf16"
+
+
+def test_a_files_weights_are_integer_when_most_of_its_matmul_bytes_are_quantised(tmp_path):
+    assert load_model_shape(None).integer_weights  # Gemma 3 270M Q4_K_M: Q8_0, Q5_0, Q4_K and Q6_K blocks
+    build_hf_model("llama", tmp_path)
+    assert not load_model_shape(str(tmp_path)).integer_weights  # safetensors in fp32
 
 
 def test_unknown_names_are_user_errors():

@@ -71,6 +71,7 @@ class ThroughputReport:
     model: str
     threads: int
     hardware: Hardware
+    precision: str  # the roofline's matmul precision for this model's weights on that machine
     results: list[BatchThroughput] = field(default_factory=list)
 
     def summary(self) -> dict:
@@ -79,7 +80,8 @@ class ThroughputReport:
             "model": self.model,
             "threads": self.threads,
             "hardware": {"name": self.hardware.name, "title": self.hardware.title,
-                         "bandwidth_bytes_per_s": self.hardware.bandwidth, "dense_flops": self.hardware.dense_flops},
+                         "bandwidth_bytes_per_s": self.hardware.bandwidth, "dense_flops": self.hardware.dense_flops,
+                         "precision": self.precision},
             "results": [asdict(r) | {"decode_tok_s": r.decode_tok_s, "prefill_tok_s": r.prefill_tok_s,
                                      "fraction_of_roofline": r.fraction_of_roofline} for r in self.results],
             "roofline_points": [{"label": f"ridgeline B={r.batch}", "phase": "decode", "tokens_per_s": r.decode_tok_s,
@@ -112,7 +114,7 @@ def run_throughput(config: ThroughputConfig, progress: Progress = lambda _text, 
 
     progress("warming up", 0)
     run_batch(engine, [random_prompt(config.input_len)], WARMUP_TOKENS, "warmup")
-    report = ThroughputReport(engine.model_name, threads, roofline.hardware)
+    report = ThroughputReport(engine.model_name, threads, roofline.hardware, roofline.precision)
     for batch in config.batch_sizes:
         progress(f"batch {batch}", 0)
         report.results.append(measure_batch(engine, roofline, [random_prompt(config.input_len) for _ in range(batch)],

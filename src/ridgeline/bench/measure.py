@@ -1,4 +1,5 @@
-"""Measure this machine's two roofline numbers: memory read bandwidth and dense matmul FLOP/s.
+"""Measure this machine's two roofline numbers: memory read bandwidth and dense matmul FLOP/s (float GEMMs by
+torch, and the int8 matmul that quantised weights take on the compiled kernels).
 
 Each measurement takes well under a few seconds: it repeats a short kernel until `seconds` have passed
 and keeps the best repetition (the least disturbed by other processes on a shared machine).
@@ -9,9 +10,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from gguf import GGMLQuantizationType
 
 READ_BUFFER_BYTES = 256 * 2**20  # far larger than any last-level cache, so the sum streams from DRAM
 MATMUL_SIZE = 1024
+# The int8 matmul's shape: a prompt step's rows against a layer-sized Q8_0 weight (out x in)
+INT8_MATMUL_ROWS, INT8_MATMUL_SHAPE = 256, (2048, 1024)
 
 
 @contextmanager
@@ -71,6 +75,31 @@ def measure_matmul_flops(
     with torch_threads(threads):
         elapsed = best_seconds(lambda: a @ b, device, seconds)
     return 2 * size**3 / elapsed
+
+
+def measure_int8_matmul_ops(
+    threads: int | None = None,
+    rows: int = INT8_MATMUL_ROWS,
+    shape: tuple[int, int] = INT8_MATMUL_SHAPE,
+    seconds: float = 0.5,
+) -> float | None:
+    """Ops/s (2 per multiply-add) of the compiled kernels' matmul of `rows` float rows by a Q8_0 weight of `shape`:
+    activations quantised to int8 and multiplied by int8 dot products, as a GGUF model's matmuls run on this
+    machine. The bf16 and fp32 figures are torch's GEMMs; a quantised model's prompt never takes those. Q8_0 is the
+    quantised type with the least per-block work beside the dot products, so this is the int8 ceiling as the engine
+    reaches it. None where the compiled kernels do not run (quantised weights then take a float GEMM)."""
+    from ridgeline.model.native import compiled
+    from ridgeline.model.quant import kernels
+    from ridgeline.model.quant.packing import pack
+    from ridgeline.model.quant.random_blocks import random_stored
+
+    if compiled() is None:
+        return None
+    weight = pack(random_stored(GGMLQuantizationType.Q8_0, shape))
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(0))
+    with torch_threads(threads):
+        elapsed = best_seconds(lambda: kernels.gemv(weight, x), torch.device("cpu"), seconds)
+    return 2 * rows * shape[0] * shape[1] / elapsed
 
 
 def measure_instruction_peaks(threads: int | None = None, seconds: float = 0.3) -> dict[str, float] | None:

@@ -45,6 +45,8 @@ def shape_from_checkpoint(checkpoint: "Checkpoint") -> ModelShape:
     # MoE experts (GGUF's *_exps tensors): a decode step reads only the routed ones
     experts = [n for n in tensors if "_exps." in n]
     window = config.sliding_window
+    matmuls = [n for n in tensors if n != EMBEDDING or config.tie_word_embeddings]
+    integer_bytes = sum(tensors[n].nbytes for n in matmuls if tensors[n].is_quantized)
     return ModelShape(
         name=checkpoint.name,
         weights="as stored",
@@ -64,4 +66,6 @@ def shape_from_checkpoint(checkpoint: "Checkpoint") -> ModelShape:
         tied_embeddings=config.tie_word_embeddings,
         sliding_window=window,
         num_sliding_layers=len(config.sliding_layers) if window else 0,
+        # Most matmul bytes in quantised blocks: the matmuls run as int8 on the compiled kernels
+        integer_weights=integer_bytes > sum(tensors[n].nbytes for n in matmuls) / 2,
     )

@@ -11,7 +11,7 @@ import torch
 from ridgeline.bench import measure
 from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
 
-CACHE_FORMAT = 1  # bump when the measurement changes, so stale cache files are re-measured
+CACHE_FORMAT = 2  # bump when the measurement changes, so stale cache files are re-measured
 
 
 def cache_path() -> Path:
@@ -35,24 +35,35 @@ def this_machine(remeasure: bool = False, threads: int | None = None) -> Hardwar
 
 
 def measure_this_machine(threads: int) -> Hardware:
-    """Read bandwidth and bf16/fp32 GEMM FLOP/s with `threads` threads (a few seconds in all)."""
+    """Read bandwidth, bf16/fp32 GEMM FLOP/s and the compiled kernels' int8 matmul ops/s with `threads` threads (a
+    few seconds in all)."""
     flops = {
         "bf16": measure.measure_matmul_flops(torch.bfloat16, threads),
         "fp32": measure.measure_matmul_flops(torch.float32, threads),
     }
+    # The faster float precision is the one an engine on this machine would run a float model's matmuls in.
+    default_precision = max(flops, key=flops.get)
     source = f"measured by ridgeline with {threads} threads (torch {torch.__version__})"
+    flops_source = f"{source}: {measure.MATMUL_SIZE}x{measure.MATMUL_SIZE} GEMM"
+    # A GGUF model's quantised matmuls take the compiled int8 kernels instead (Hardware.matmul_precision); on this
+    # 2-core Zen 4 VM they reached ~660 GOPS against bf16's ~350-390 GFLOP/s, so a roof of bf16 put the engine's
+    # prompt steps above their ceiling.
+    int8_ops = measure.measure_int8_matmul_ops(threads)
+    if int8_ops is not None:
+        flops["int8"] = int8_ops
+        rows, (out, inputs) = measure.INT8_MATMUL_ROWS, measure.INT8_MATMUL_SHAPE
+        flops_source += f"; int8: the compiled kernels' {rows} rows x Q8_0 {out}x{inputs} matmul"
     return Hardware(
         name=THIS_MACHINE,
         title=f"this machine ({_cpu_model()}, {threads} threads)",
         bandwidth=measure.measure_read_bandwidth(threads),
         memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         dense_flops=flops,
-        # The faster precision is the one an engine on this machine would run its matmuls in.
-        default_precision=max(flops, key=flops.get),
+        default_precision=default_precision,
         sources={
             "bandwidth": f"{source}: STREAM-like sum over a {measure.READ_BUFFER_BYTES // 2**20} MiB buffer",
             "memory": "os.sysconf: physical memory",
-            "flops": f"{source}: {measure.MATMUL_SIZE}x{measure.MATMUL_SIZE} GEMM",
+            "flops": flops_source,
         },
     )
 

@@ -85,7 +85,7 @@ def print_report(report: "ThroughputReport", config: "ThroughputConfig", plot: s
     console.print(table)
     hardware = report.hardware
     console.print(f"roofline = the napkin decode ceiling in tok/s for {hardware.title}, {hardware.bandwidth / 1e9:.1f} GB/s, "
-                  f"{hardware.flops() / 1e9:.0f} GFLOP/s {hardware.default_precision}; weights as stored in the file, "
+                  f"{hardware.flops(report.precision) / 1e9:.0f} GFLOP/s {report.precision}; weights as stored in the file, "
                   f"at the average context of {config.input_len + config.output_len // 2} tokens. "
                   "decode tok/s = tokens after the last request's first token / time after it.", highlight=False)
     if plot:

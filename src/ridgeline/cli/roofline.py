@@ -26,7 +26,7 @@ def roofline_command(
     batch: int = typer.Option(1, "--batch", min=1, help="Concurrent sequences decoding together."),
     context: int = typer.Option(0, "--context", min=0, help="Tokens already in each sequence's KV cache while decoding."),
     prompt_tokens: int = typer.Option(2048, "--prompt-tokens", min=1, help="Prompt length for prefill and TTFT."),
-    precision: str = typer.Option(None, "--precision", help="Matmul precision (fp32, bf16, fp16, fp8, fp4); default: the machine's."),
+    precision: str = typer.Option(None, "--precision", help="Matmul precision (fp32, bf16, fp16, fp8, fp4, int8); default: the machine's for the weights (int8 for quantised weights where it was measured)."),
     kv_bytes: str = typer.Option("2", "--kv-bytes", help="Bytes per KV-cache element, or a KV dtype: bf16 = 2, q8_0 = 1.0625 (int8 + an fp16 scale per 32)."),
     measured: str = typer.Option(None, "--measured", help="JSON file of measured points to put on the --plot."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure this-machine again instead of using the cache."),

@@ -72,7 +72,7 @@ def simulate_command(
     block_size: int = typer.Option(16, "--block-size", min=1, help="Tokens per KV-cache block."),
     kv_cache_memory: str = typer.Option(None, "--kv-cache-memory", help="KV budget per replica, e.g. 40GiB (default: 90% of the machine's memory less the weights; 2GiB with --calibrated, as serve)."),
     kv_bytes: str = typer.Option("2", "--kv-bytes", help="Bytes per KV-cache element, or a KV dtype: bf16 = 2, q8_0 = 1.0625 (int8 + an fp16 scale per 32)."),
-    precision: str = typer.Option(None, "--precision", help="Matmul precision for the roofline (default: the machine's)."),
+    precision: str = typer.Option(None, "--precision", help="Matmul precision for the roofline (default: the machine's for the weights: int8 for quantised ones where measured)."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Do not reuse KV blocks of shared prompt prefixes."),
     no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill", help="Prefill each prompt whole in one step (it waits until it fits)."),
     replicas: int = typer.Option(1, "--replicas", min=1, help="Colocated engine replicas; requests go to the least loaded."),

@@ -20,8 +20,8 @@ class Hardware:
     title: str
     bandwidth: float  # bytes/s
     memory_bytes: float
-    dense_flops: dict[str, float]  # FLOP/s per precision ("fp32", "bf16", ...)
-    default_precision: str
+    dense_flops: dict[str, float]  # FLOP/s per precision ("fp32", "bf16", ...; "int8": ops/s of int8 matmuls)
+    default_precision: str  # the precision a model stored in floats runs its matmuls in
     sources: dict[str, str] = field(default_factory=dict)
 
     def flops(self, precision: str | None = None) -> float:
@@ -30,6 +30,11 @@ class Hardware:
             known = ", ".join(sorted(self.dense_flops))
             raise RidgelineError(f"{self.name} has no {precision} FLOP/s figure (it has: {known})")
         return self.dense_flops[precision]
+
+    def matmul_precision(self, integer_weights: bool) -> str:
+        """The precision a model's matmuls run in here: int8 for integer-quantised weights where the machine has an
+        int8 figure (its engine multiplies the blocks without dequantising them), else the default."""
+        return "int8" if integer_weights and "int8" in self.dense_flops else self.default_precision
 
     def ridge_point(self, precision: str | None = None) -> float:
         """FLOP per byte at which a kernel stops being bandwidth-bound: peak FLOP/s / bandwidth."""

@@ -40,6 +40,9 @@ class ModelShape:
     tied_embeddings: bool = False
     sliding_window: int | None = None
     num_sliding_layers: int = 0
+    # Matmul weights in integer blocks (GGUF's quantised types): a machine with int8 dot-product kernels multiplies
+    # them at its int8 rate, without dequantising to floats first (Hardware.matmul_precision).
+    integer_weights: bool = False
 
     @property
     def total_params(self) -> float:

@@ -18,6 +18,15 @@ class WeightFormat:
     # Set for formats that, as shipped, quantise only MoE experts: the format of every other weight.
     non_expert_format: str | None = None
 
+    @property
+    def integer_blocks(self) -> bool:
+        """ggml's block formats: integer quants (MXFP4's FP4 codes too, looked up as int8) with per-block scales,
+        which a CPU engine multiplies by int8 dot products (ModelShape.integer_weights)."""
+        return self.name not in FLOAT_FORMATS
+
+
+FLOAT_FORMATS = ("FP32", "FP16", "BF16")
+
 
 WEIGHT_FORMATS = {
     f.name: f
@@ -111,6 +120,7 @@ class ModelSpec:
             tied_embeddings=self.tied_embeddings,
             sliding_window=self.sliding_window,
             num_sliding_layers=self.num_sliding_layers,
+            integer_weights=fmt.integer_blocks,
         )
 
 

@@ -23,7 +23,7 @@ class Workload:
     context: int = 0  # tokens already in each sequence's KV cache while decoding
     prompt_tokens: int = 2048  # prefill length
     kv_dtype_bytes: float = 2  # FP16 KV cache
-    precision: str | None = None  # matmul precision; None: the machine's default
+    precision: str | None = None  # matmul precision; None: the machine's for the weights (Hardware.matmul_precision)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Roofline:
     def __init__(self, shape: ModelShape, hardware: Hardware, precision: str | None = None, kv_dtype_bytes: float = 2):
         self.shape = shape
         self.hardware = hardware
-        self.precision = precision or hardware.default_precision
+        self.precision = precision or hardware.matmul_precision(shape.integer_weights)
         self.peak_flops = hardware.flops(self.precision)
         self.kv_dtype_bytes = kv_dtype_bytes
 

@@ -21,7 +21,7 @@ class RooflineStepTime:
     def __init__(self, shape: ModelShape, hardware: Hardware, precision: str | None = None,
                  efficiency: Efficiency | None = None, step_overhead_s: float = 0.0):
         self.efficiency = efficiency or machine_efficiency(hardware)
-        precision = precision or hardware.default_precision
+        precision = precision or hardware.matmul_precision(shape.integer_weights)
         derated = dataclasses.replace(
             hardware, bandwidth=hardware.bandwidth * self.efficiency.memory,
             dense_flops={precision: hardware.flops(precision) * self.efficiency.compute}, default_precision=precision)
