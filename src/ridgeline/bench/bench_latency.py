@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ridgeline.bench.measure import measure_matmul_flops, measure_read_bandwidth, torch_threads
+from ridgeline.bench.measure import measure_int8_matmul_ops, measure_matmul_flops, measure_read_bandwidth, torch_threads
 from ridgeline.bench.model_source import shape_from_checkpoint
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.sampler import argmax_rows
@@ -63,10 +63,11 @@ class LatencyResult:
     napkin_weight_bytes: float  # the roofline's figure for the same weights: matrices + embedding row, k/E of experts
     kv_bytes_per_step: float  # average KV cache read per tg step (context grows 0 .. gen_tokens)
     read_bandwidth: float  # bytes/s, measured
-    matmul_flops: float  # bf16 FLOP/s, measured
+    matmul_flops: float  # FLOP/s (ops/s for int8) of the precision below, measured
     linear_flops_per_token: float  # 2 x (linear-layer weights) for a prefill token; the LM head runs once per prompt
     tg_step_ms: float  # one decode step, from an extra instrumented tg run ...
     tg_linear_ms: float  # ... of which inside the linear layers (matmul kernels + their call overhead)
+    matmul_precision: str = "bf16"  # what the prompt's matmuls ran in: int8 for quantised weights on the kernels
 
     @property
     def bytes_per_token(self) -> float:
@@ -104,17 +105,30 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
         raise RidgelineError(f"-p + -n = {config.prompt_tokens + config.gen_tokens} exceeds the model's context of {checkpoint.config.max_context}")
     with torch_threads(config.threads):
         progress("measuring read bandwidth and matmul FLOP/s")
-        bandwidth, flops = measure_read_bandwidth(), measure_matmul_flops(torch.bfloat16)
+        bandwidth, rates = measure_read_bandwidth(), {"bf16": measure_matmul_flops(torch.bfloat16)}
+        int8_ops = measure_int8_matmul_ops()
+        if int8_ops is not None:
+            rates["int8"] = int8_ops
+        integer_weights = shape_from_checkpoint(checkpoint).integer_weights
         results = []
         for weights in config.weights:
+            precision = matmul_precision(weights, integer_weights, rates)
             progress(f"loading the model with {weights} weights")
             # Matrices quantised in memory (`quantized`) or dequantised at load to bf16/f32; f32 activations.
             runner = assemble_model(checkpoint, ModelOptions(torch.device("cpu"), torch.float32, weights, config.lm_head),
                                     CACHE, num_blocks=_num_blocks(config)).runner
-            result = _bench_model(runner, weights, config, bandwidth, flops, progress)
-            results.append(replace(result, napkin_weight_bytes=napkin_weight_bytes(checkpoint, weights)))
+            result = _bench_model(runner, weights, config, bandwidth, rates[precision], progress)
+            results.append(replace(result, napkin_weight_bytes=napkin_weight_bytes(checkpoint, weights),
+                                   matmul_precision=precision))
             del runner
     return results
+
+
+def matmul_precision(weights: str, integer_weights: bool, rates: dict[str, float]) -> str:
+    """The precision a weight mode's prompt matmuls run in, for its pp % of peak: quantised integer weights take the
+    compiled int8 kernels where they run (`rates` then has int8); weights dequantised at load take a float GEMM,
+    measured as bf16."""
+    return "int8" if weights == "quantized" and integer_weights and "int8" in rates else "bf16"
 
 
 def _num_blocks(config: LatencyConfig) -> int:

@@ -51,9 +51,10 @@ def latency_command(
         )
     out = Console()
     out.print(table)
-    out.print(f"measured read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, bf16 matmul {first.matmul_flops / 1e9:.0f} GFLOP/s; "
+    peaks = ", ".join(dict.fromkeys(f"{r.matmul_precision} matmul {r.matmul_flops / 1e9:.0f} GFLOP/s" for r in results))
+    out.print(f"measured read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, {peaks}; "
               "ceiling = bandwidth / bytes per decode token (weights the step read + average KV cache); weights read: "
               "what the engine counted a decode step reading (shared weights + routed experts) beside the roofline's "
               "figure for the same weights (matrices only, k/E of the experts); "
-              "pp % peak counts linear-layer FLOPs only; 'other' = everything outside the linear layers "
+              "pp % peak counts linear-layer FLOPs only, against the matmul rate of the precision they ran in; 'other' = everything outside the linear layers "
               "(attention, norms, RoPE, Python).")
