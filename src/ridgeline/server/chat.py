@@ -4,7 +4,6 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ridgeline.server.protocol import (
     ChatChoice,
@@ -20,17 +19,15 @@ from ridgeline.server.protocol import (
     Usage,
 )
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
-from ridgeline.server.errors import APIError
 from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
-    SSE_DONE,
     ServingContext,
-    collect,
+    answer,
+    check_kv_hold,
     log_request,
     new_logprobs,
     new_request_id,
     sse,
-    sse_error,
 )
 
 
@@ -50,10 +47,7 @@ class ChatJob:
                          {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": max_tokens_param})
         self.engine_requests = engine_requests(ctx.role, self.id, admitted, request.n, request.kv_transfer_params)
         self.last: list = [None] * request.n
-        self.holds_kv = any(getattr(r, "hold_kv", False) for r in self.engine_requests)
-        if self.holds_kv and request.stream:
-            raise APIError(400, "a prefill worker answers 'kv_transfer_params' requests whole: set stream to false",
-                           "stream")
+        self.holds_kv = check_kv_hold(self.engine_requests, request.stream)
 
     def usage(self) -> Usage:
         usage = Usage()
@@ -63,6 +57,37 @@ class ChatJob:
 
     def log(self) -> None:
         log_request(self.ctx, self.id, "chat", self.usage(), self.last, self.started, self.messages)
+
+    def response(self) -> ChatCompletionResponse:
+        choices = [
+            ChatChoice(
+                index=i,
+                message=ChatResponseMessage(content=output.text),
+                logprobs=self.logprobs(output.output_token_ids, output.logprobs or []),
+                finish_reason=output.finish_reason,
+            )
+            for i, output in enumerate(self.last)
+        ]
+        offer = offer_prefilled(self.ctx.role, self.last[0]) if self.holds_kv else None
+        return ChatCompletionResponse(id=self.id, model=self.ctx.model_name, choices=choices, usage=self.usage(),
+                                      kv_transfer_params=offer)
+
+    async def events(self, submission) -> AsyncIterator[str]:
+        for index in range(self.request.n):  # the role first, as OpenAI does, before any token exists
+            yield self._chunk(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content="")))
+        async for index, output in submission.outputs():
+            self.last[index] = output
+            logprobs = self.logprobs(output.new_token_ids, new_logprobs(output))
+            if output.new_text or output.finished or logprobs is not None:
+                delta = ChatDelta(content=output.new_text or None)
+                choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=output.finish_reason)
+                yield self._chunk(choice)
+
+    def usage_event(self) -> str:
+        return sse(ChatCompletionChunk(id=self.id, model=self.ctx.model_name, choices=[], usage=self.usage()))
+
+    def _chunk(self, choice: ChatChunkChoice) -> str:
+        return sse(ChatCompletionChunk(id=self.id, model=self.ctx.model_name, choices=[choice]))
 
     def logprobs(self, token_ids: list[int], entries: list) -> ChatLogprobs | None:
         if not self.request.logprobs:
@@ -79,50 +104,4 @@ class ChatJob:
 
 
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest, raw: Request):
-    job = ChatJob(ctx, request)
-    submission = ctx.engine.submit(job.engine_requests)
-    if request.stream:
-        return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
-    try:
-        finals = await collect(raw, submission)
-    finally:
-        submission.close()
-    if finals is None:  # the client is gone; nobody will read a response
-        job.log()
-        return None
-    job.last = [finals[i] for i in range(request.n)]
-    job.log()
-    choices = [
-        ChatChoice(
-            index=i,
-            message=ChatResponseMessage(content=output.text),
-            logprobs=job.logprobs(output.output_token_ids, output.logprobs or []),
-            finish_reason=output.finish_reason,
-        )
-        for i, output in enumerate(job.last)
-    ]
-    return ChatCompletionResponse(id=job.id, model=ctx.model_name, choices=choices, usage=job.usage(),
-                                  kv_transfer_params=offer_prefilled(ctx.role, job.last[0]) if job.holds_kv else None)
-
-
-async def _stream(job: ChatJob, submission) -> AsyncIterator[str]:
-    def chunk(choice: ChatChunkChoice) -> str:
-        return sse(ChatCompletionChunk(id=job.id, model=job.ctx.model_name, choices=[choice]))
-
-    try:
-        for index in range(job.request.n):  # the role first, as OpenAI does, before any token exists
-            yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content="")))
-        async for index, output in submission.outputs():
-            job.last[index] = output
-            logprobs = job.logprobs(output.new_token_ids, new_logprobs(output))
-            if output.new_text or output.finished or logprobs is not None:
-                delta = ChatDelta(content=output.new_text or None)
-                yield chunk(ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=output.finish_reason))
-        if job.request.stream_options is not None and job.request.stream_options.include_usage:
-            yield sse(ChatCompletionChunk(id=job.id, model=job.ctx.model_name, choices=[], usage=job.usage()))
-    except Exception as error:  # noqa: BLE001 - the 200 is already sent; the error must travel in the stream
-        yield sse_error(error)
-    finally:
-        submission.close()
-        job.log()
-    yield SSE_DONE
+    return await answer(ctx, ChatJob(ctx, request), raw)

@@ -4,7 +4,6 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ridgeline.model.tokenizer.detokenizer import IncrementalDetokenizer
 from ridgeline.engine.messages import AddRequest
@@ -19,14 +18,13 @@ from ridgeline.server.protocol import (
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
-    SSE_DONE,
     ServingContext,
-    collect,
+    answer,
+    check_kv_hold,
     log_request,
     new_logprobs,
     new_request_id,
     sse,
-    sse_error,
 )
 
 
@@ -88,10 +86,7 @@ class CompletionJob:
             self.engine_requests += engine_requests(ctx.role, f"{self.id}-{prompt_index}", admitted, request.n,
                                                     request.kv_transfer_params)
         self.last: list = [None] * len(self.engine_requests)  # latest output of each choice
-        self.holds_kv = any(getattr(r, "hold_kv", False) for r in self.engine_requests)
-        if self.holds_kv and request.stream:
-            raise APIError(400, "a prefill worker answers 'kv_transfer_params' requests whole: set stream to false",
-                           "stream")
+        self.holds_kv = check_kv_hold(self.engine_requests, request.stream)
 
     def prompt_of(self, index: int) -> tuple[str | list[int], list[int]]:
         prompt_index = index // self.request.n
@@ -115,6 +110,35 @@ class CompletionJob:
     def log(self) -> None:
         log_request(self.ctx, self.id, "completions", self.usage(), self.last, self.started, self.prompts)
 
+    def response(self) -> CompletionResponse:
+        return CompletionResponse(
+            id=self.id,
+            model=self.ctx.model_name,
+            choices=[self.choice(i, output) for i, output in enumerate(self.last)],
+            usage=self.usage(),
+            kv_transfer_params=offer_prefilled(self.ctx.role, self.last[0]) if self.holds_kv else None,
+        )
+
+    async def events(self, submission) -> AsyncIterator[str]:
+        request = self.request
+        builders: dict[int, LogprobsBuilder] = {}
+        async for index, output in submission.outputs():
+            previous, self.last[index] = self.last[index], output
+            text, logprobs = output.new_text, None
+            if previous is None and request.echo:
+                text = self.echo_text(index) + text
+            if request.logprobs is not None:
+                builder = builders.setdefault(index, LogprobsBuilder(self.ctx))
+                if previous is None and request.echo:
+                    logprobs = builder.prompt(output.prompt_token_ids, output.prompt_logprobs or [])
+                logprobs = builder.generated(output.new_token_ids, new_logprobs(output), into=logprobs)
+            if text or output.finished or logprobs is not None:
+                choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=output.finish_reason)
+                yield sse(CompletionResponse(id=self.id, model=self.ctx.model_name, choices=[choice]))
+
+    def usage_event(self) -> str:
+        return sse(CompletionResponse(id=self.id, model=self.ctx.model_name, choices=[], usage=self.usage()))
+
     def choice(self, index: int, output) -> CompletionChoice:
         """The whole answer of one finished choice."""
         text = output.text
@@ -130,50 +154,4 @@ class CompletionJob:
 
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw: Request):
-    job = CompletionJob(ctx, request)
-    submission = ctx.engine.submit(job.engine_requests)
-    if request.stream:
-        return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
-    try:
-        finals = await collect(raw, submission)
-    finally:
-        submission.close()
-    if finals is None:  # the client is gone; nobody will read a response
-        job.log()
-        return None
-    job.last = [finals[i] for i in range(len(job.engine_requests))]
-    job.log()
-    return CompletionResponse(
-        id=job.id,
-        model=ctx.model_name,
-        choices=[job.choice(i, output) for i, output in enumerate(job.last)],
-        usage=job.usage(),
-        kv_transfer_params=offer_prefilled(ctx.role, job.last[0]) if job.holds_kv else None,
-    )
-
-
-async def _stream(job: CompletionJob, submission) -> AsyncIterator[str]:
-    request = job.request
-    builders: dict[int, LogprobsBuilder] = {}
-    try:
-        async for index, output in submission.outputs():
-            previous, job.last[index] = job.last[index], output
-            text, logprobs = output.new_text, None
-            if previous is None and request.echo:
-                text = job.echo_text(index) + text
-            if request.logprobs is not None:
-                builder = builders.setdefault(index, LogprobsBuilder(job.ctx))
-                if previous is None and request.echo:
-                    logprobs = builder.prompt(output.prompt_token_ids, output.prompt_logprobs or [])
-                logprobs = builder.generated(output.new_token_ids, new_logprobs(output), into=logprobs)
-            if text or output.finished or logprobs is not None:
-                choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=output.finish_reason)
-                yield sse(CompletionResponse(id=job.id, model=job.ctx.model_name, choices=[choice]))
-        if request.stream_options is not None and request.stream_options.include_usage:
-            yield sse(CompletionResponse(id=job.id, model=job.ctx.model_name, choices=[], usage=job.usage()))
-    except Exception as error:  # noqa: BLE001 - the 200 is already sent; the error must travel in the stream
-        yield sse_error(error)
-    finally:
-        submission.close()
-        job.log()
-    yield SSE_DONE
+    return await answer(ctx, CompletionJob(ctx, request), raw)

@@ -1,14 +1,17 @@
-"""What the completions and chat endpoints share: the model check, prompt ids, SSE framing, waiting for results
-while watching for a vanished client, and the one-line request log."""
+"""What the completions and chat endpoints share: the model check, prompt ids, answering a job whole or as a
+stream (SSE framing, waiting for results while watching for a vanished client), and the one-line request log."""
 
 import asyncio
 import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from ridgeline.engine.admission import Admission
@@ -112,6 +115,64 @@ async def collect(raw: Request, submission: Submission) -> dict[int, object] | N
         return None
     results.result()  # re-raises what the engine sent instead of outputs
     return finals
+
+
+class Job(Protocol):
+    """One validated request of an endpoint: the engine requests of its choices, and the last output of each."""
+
+    request: BaseModel  # has `stream` and `stream_options`
+    engine_requests: list
+    last: list
+
+    def log(self) -> None: ...
+
+    def response(self) -> BaseModel:
+        """The whole answer, from `last` (every choice finished)."""
+
+    def events(self, submission: Submission) -> AsyncIterator[str]:
+        """The stream's SSE events as outputs arrive, up to the last choice's last token."""
+
+    def usage_event(self) -> str:
+        """The SSE event with the usage, sent last when the request's stream_options ask for it."""
+
+
+def check_kv_hold(engine_requests: list, stream: bool) -> bool:
+    """Whether a prefill worker holds these requests' KV for a decode worker to collect; such an answer is whole."""
+    holds_kv = any(getattr(r, "hold_kv", False) for r in engine_requests)
+    if holds_kv and stream:
+        raise APIError(400, "a prefill worker answers 'kv_transfer_params' requests whole: set stream to false",
+                       "stream")
+    return holds_kv
+
+
+async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingResponse | BaseModel | None:
+    """Submit the job, then stream its events, or wait for every choice and answer whole. None: the client left
+    before the whole answer was ready (the submission is then closed, which aborts what is still running)."""
+    submission = ctx.engine.submit(job.engine_requests)
+    if job.request.stream:
+        return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
+    try:
+        finals = await collect(raw, submission)
+    finally:
+        submission.close()
+    if finals is not None:
+        job.last = [finals[i] for i in range(len(job.engine_requests))]
+    job.log()
+    return None if finals is None else job.response()
+
+
+async def _stream(job: Job, submission: Submission) -> AsyncIterator[str]:
+    try:
+        async for event in job.events(submission):
+            yield event
+        if job.request.stream_options is not None and job.request.stream_options.include_usage:
+            yield job.usage_event()
+    except Exception as error:  # noqa: BLE001 - the 200 is already sent; the error must travel in the stream
+        yield sse_error(error)
+    finally:
+        submission.close()
+        job.log()
+    yield SSE_DONE
 
 
 def log_request(
