@@ -41,7 +41,9 @@ def roofline_command(
     if hardware == THIS_MACHINE:
         from ridgeline.bench.this_machine import this_machine  # measures with torch; catalogued machines need none
 
-        with console.status("measuring this machine (a few seconds, cached afterwards)"):
+        # The int8 figure runs the compiled kernels, which are built on first use (the engine's first start, or this)
+        with console.status("measuring this machine (a few seconds, cached afterwards; ~2 min more where the "
+                            "compiled kernels were never built)"):
             machine = this_machine(remeasure=remeasure)
     else:
         machine = catalogued(hardware)
