@@ -46,7 +46,7 @@ def measure_this_machine(threads: int) -> Hardware:
     source = f"measured by ridgeline with {threads} threads (torch {torch.__version__})"
     flops_source = f"{source}: {measure.MATMUL_SIZE}x{measure.MATMUL_SIZE} GEMM"
     # A GGUF model's quantised matmuls take the compiled int8 kernels instead (Hardware.matmul_precision); on this
-    # 2-core Zen 4 VM they reached ~660 GOPS against bf16's ~350-390 GFLOP/s, so a roof of bf16 put the engine's
+    # 2-core Zen 4 VM they reached ~580-680 GOPS against bf16's ~350-415 GFLOP/s, so a roof of bf16 put the engine's
     # prompt steps above their ceiling.
     int8_ops = measure.measure_int8_matmul_ops(threads)
     if int8_ops is not None:

@@ -56,5 +56,6 @@ def latency_command(
               "ceiling = bandwidth / bytes per decode token (weights the step read + average KV cache); weights read: "
               "what the engine counted a decode step reading (shared weights + routed experts) beside the roofline's "
               "figure for the same weights (matrices only, k/E of the experts); "
-              "pp % peak counts linear-layer FLOPs only, against the matmul rate of the precision they ran in; 'other' = everything outside the linear layers "
+              "pp % peak counts linear-layer FLOPs only, against the matmul rate of the precision they ran in; "
+              "'other' = everything outside the linear layers "
               "(attention, norms, RoPE, Python).")
