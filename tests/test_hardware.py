@@ -101,11 +101,12 @@ def test_a_different_thread_count_is_measured_afresh(fake_measurements):
 
 def test_matmul_flops_counts_2n_cubed_per_product_and_restores_threads(monkeypatch):
     threads_before = torch.get_num_threads()
-    seen_threads = []
+    seen_threads, windows = [], []
 
     def one_second(kernel, device, seconds):
         kernel()
         seen_threads.append(torch.get_num_threads())
+        windows.append(seconds)
         return 1.0
 
     monkeypatch.setattr(measure, "best_seconds", one_second)
@@ -113,6 +114,8 @@ def test_matmul_flops_counts_2n_cubed_per_product_and_restores_threads(monkeypat
     assert measure.measure_read_bandwidth(threads=1, nbytes=2**20) == 2**20
     assert seen_threads == [1, 1]
     assert torch.get_num_threads() == threads_before
+    # The bandwidth is a ceiling: its best comes and goes on a shared VM, so it is looked for over a longer window.
+    assert windows[1] == measure.READ_BANDWIDTH_SECONDS >= 6 * windows[0]
 
 
 def test_real_measurements_on_small_sizes_are_finite_and_plausible():

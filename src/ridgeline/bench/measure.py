@@ -1,8 +1,8 @@
 """Measure this machine's two roofline numbers: memory read bandwidth and dense matmul FLOP/s (float GEMMs by
 torch, and the int8 matmul that quantised weights take on the compiled kernels).
 
-Each measurement takes well under a few seconds: it repeats a short kernel until `seconds` have passed
-and keeps the best repetition (the least disturbed by other processes on a shared machine).
+Each measurement takes a few seconds at most: it repeats a short kernel until `seconds` have passed and keeps
+the best repetition (the least disturbed by other processes on a shared machine).
 """
 
 import time
@@ -13,6 +13,10 @@ import torch
 from gguf import GGMLQuantizationType
 
 READ_BUFFER_BYTES = 256 * 2**20  # far larger than any last-level cache, so the sum streams from DRAM
+# The read bandwidth's window. A ceiling is the best the machine does, and a shared VM's best comes and goes by the
+# second: on the 2-core Zen 4 VM, four alternated pairs of windows read 32.4-50.0 GB/s over 0.5 s (one of four
+# above 33) and 32.9-55.3 over 3 s (three of four above 52); twelve 0.5-s windows in a row read 27.1-38.5.
+READ_BANDWIDTH_SECONDS = 3.0
 MATMUL_SIZE = 1024
 # The int8 matmul's shape: a prompt step's rows against a layer-sized Q8_0 weight (out x in)
 INT8_MATMUL_ROWS, INT8_MATMUL_SHAPE = 256, (2048, 1024)
@@ -49,10 +53,11 @@ def best_seconds(kernel: Callable[[], object], device: torch.device, seconds: fl
 def measure_read_bandwidth(
     threads: int | None = None,
     nbytes: int = READ_BUFFER_BYTES,
-    seconds: float = 0.5,
+    seconds: float = READ_BANDWIDTH_SECONDS,
     device: torch.device | str = "cpu",
 ) -> float:
-    """Bytes/s read by a STREAM-like sum over a float32 buffer of `nbytes`, with `threads` torch threads."""
+    """Bytes/s read by a STREAM-like sum over a float32 buffer of `nbytes`, with `threads` torch threads: the best
+    repetition over `seconds`."""
     device = torch.device(device)
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     with torch_threads(threads):

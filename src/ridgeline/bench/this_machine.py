@@ -11,7 +11,7 @@ import torch
 from ridgeline.bench import measure
 from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
 
-CACHE_FORMAT = 2  # bump when the measurement changes, so stale cache files are re-measured
+CACHE_FORMAT = 3  # bump when the measurement changes, so stale cache files are re-measured
 
 
 def cache_path() -> Path:
@@ -61,7 +61,8 @@ def measure_this_machine(threads: int) -> Hardware:
         dense_flops=flops,
         default_precision=default_precision,
         sources={
-            "bandwidth": f"{source}: STREAM-like sum over a {measure.READ_BUFFER_BYTES // 2**20} MiB buffer",
+            "bandwidth": f"{source}: STREAM-like sum over a {measure.READ_BUFFER_BYTES // 2**20} MiB buffer, the best "
+                         f"repetition over {measure.READ_BANDWIDTH_SECONDS:g} s",
             "memory": "os.sysconf: physical memory",
             "flops": flops_source,
         },
