@@ -30,6 +30,7 @@ from ridgeline.model.layers.moe import MixtureOfExperts
 from ridgeline.model.quant import QuantizedLinear
 from ridgeline.model.step_bytes import last_step_bytes
 from ridgeline.model.transformer import ModelOptions
+from ridgeline.napkin import hardware
 from ridgeline.napkin.model_shape import WeightGroup
 
 WEIGHT_MODES = ("quantized", "bf16", "f32")  # quantised in memory (f32 activations), or dequantised at load
@@ -125,10 +126,10 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
 
 
 def matmul_precision(weights: str, integer_weights: bool, rates: dict[str, float]) -> str:
-    """The precision a weight mode's prompt matmuls run in, for its pp % of peak: quantised integer weights take the
-    compiled int8 kernels where they run (`rates` then has int8); weights dequantised at load take a float GEMM,
+    """The precision a weight mode's prompt matmuls run in, for its pp % of peak: the roofline's rule
+    (napkin.hardware.matmul_precision) for weights kept quantised; weights dequantised at load take a float GEMM,
     measured as bf16."""
-    return "int8" if weights == "quantized" and integer_weights and "int8" in rates else "bf16"
+    return hardware.matmul_precision(rates, weights == "quantized" and integer_weights, "bf16")
 
 
 def _num_blocks(config: LatencyConfig) -> int:

@@ -14,6 +14,13 @@ from ridgeline.errors import RidgelineError
 THIS_MACHINE = "this-machine"
 
 
+def matmul_precision(rates: dict[str, float], integer_weights: bool, float_precision: str) -> str:
+    """The precision a model's matmuls run in on a machine with these measured `rates`: int8 for integer-quantised
+    weights where the machine has an int8 figure (its engine multiplies the blocks without dequantising them), else
+    `float_precision`."""
+    return "int8" if integer_weights and "int8" in rates else float_precision
+
+
 @dataclass(frozen=True)
 class Hardware:
     name: str
@@ -32,9 +39,7 @@ class Hardware:
         return self.dense_flops[precision]
 
     def matmul_precision(self, integer_weights: bool) -> str:
-        """The precision a model's matmuls run in here: int8 for integer-quantised weights where the machine has an
-        int8 figure (its engine multiplies the blocks without dequantising them), else the default."""
-        return "int8" if integer_weights and "int8" in self.dense_flops else self.default_precision
+        return matmul_precision(self.dense_flops, integer_weights, self.default_precision)
 
     def ridge_point(self, precision: str | None = None) -> float:
         """FLOP per byte at which a kernel stops being bandwidth-bound: peak FLOP/s / bandwidth."""
