@@ -162,3 +162,27 @@ def test_decode_steps_of_one_batch_size_keep_the_model_s_ratio_for_the_slope():
         cost.observe(chunks(decode_rows, 0), burst_seconds(decode_rows, 0))
     assert cost.predict(chunks(32, 0)) == pytest.approx(burst_seconds(32, 0), rel=0.05)
     assert cost.predict(chunks(12, 0)) == pytest.approx(burst_seconds(12, 0), rel=0.25)
+
+
+# Logged live on 2026-12-03 (the default model, this VM, `ridgeline serve`): a server's warm-up of two short
+# requests, then the first steps of issue 16's burst, as (decode rows, prompt tokens, ms). The 1-row warm-up steps
+# ran slower than the 2-row ones, and the mixed steps' times move by 20 % at a near-constant mix. A decode-only
+# step of the burst's 31-32 rows took 57 ms in the same hour.
+LIVE_BURST_START = [(0, 33, 124.9), (1, 16, 29.5), (1, 16, 24.4), *[(2, 0, ms) for ms in (14.0, 14.7, 14.0, 14.1, 13.9)],
+                    (1, 0, 20.0), (1, 0, 16.3), (1, 0, 17.1), (0, 225, 232.8), (1, 128, 73.5), (1, 128, 89.0),
+                    (2, 128, 77.8), (2, 128, 87.3), (3, 128, 82.1), (3, 128, 87.2), (4, 128, 81.4), (4, 128, 89.2),
+                    (5, 128, 90.8), (5, 128, 89.4), (6, 128, 78.5), (6, 128, 91.9)]
+LIVE_FULL_DECODE_STEP = 0.057
+
+
+def test_a_live_burst_start_prices_a_full_decode_batch_at_every_step():
+    # What the ITL target is a multiple of, from the burst's first mixed step on. With the ratio as a pull (a
+    # penalty weighing one step) rather than an equality, this read 16 ms for the first ~30 steps of that burst.
+    cost = OnlineStepCost(decode_row_ratio=GEMMA_RATIO)
+    predicted = []
+    for decode_rows, prompt_tokens, ms in LIVE_BURST_START:
+        cost.observe(chunks(decode_rows, prompt_tokens), ms / 1e3)
+        if decode_rows and prompt_tokens == 128:
+            predicted.append(cost.predict(chunks(32, 0)))
+            assert cost.predict(chunks(decode_rows, prompt_tokens)) == pytest.approx(ms / 1e3, rel=0.25)
+    assert all(0.8 * LIVE_FULL_DECODE_STEP <= p <= 1.25 * LIVE_FULL_DECODE_STEP for p in predicted), predicted

@@ -18,15 +18,18 @@ newer steps weigh more (the first steps of a process pay one-time costs; a share
 
 Early on, decode steps of one or two rows cannot tell c_step from c_decode, and a fit that put it all on the
 rows would predict a 32-row step 16x a 2-row one. So until decode-only steps of batch sizes SLOPE_SPAN rows
-apart have run, c_decode is held to what the model's arithmetic says a decode row costs against a prompt token
+apart have run, a decode row is priced at what the model's arithmetic says it costs against a prompt token
 (`decode_row_ratio`: a decode row computes all a prompt token does plus its row of the LM head, 2.7x the FLOPs
-on Gemma 3 270M, whose LM head is 168M of its 268M parameters). Until then the fit has only the steps of a
-burst's start to go on: prefill chunks with a few decodes beside them, where a decode row's share is small and
-noisy. Pulled toward zero, as it once was, c_decode stayed near 0 there, a 32-row decode step was predicted at
-12 ms against the 50-65 ms it takes, and the ITL target (a multiple of that step) held every mixed step to the
-floor of prefill. Once the slope is measured, and always without a ratio (0), a slight pull toward zero only
-breaks ties: a step-cost model that is not told the model's shape under-predicts a larger batch, whose first
-step then teaches the fit.
+on Gemma 3 270M, whose LM head is 168M of its 268M parameters): c_decode = ratio x c_prompt exactly, and the fit
+has two unknowns. Until then the fit has only the steps of a burst's start to go on: a server's warm-up (decode
+steps of one or two rows) and prefill chunks with a few decodes beside them, where a decode row's share is small
+and noisy. Left free there, c_decode went to 0: a 32-row decode step was predicted at 12-16 ms against the
+50-65 ms it takes, and the ITL target (a multiple of that step) held every mixed step to the floor of prefill.
+A pull toward the ratio instead of the equality (as a penalty weighing one step) did not hold either: the
+warm-up's 1-row steps ran slower than its 2-row ones, and for the first ~30 steps of a burst the fit read
+c_decode ~0 and a 32-row step at 16 ms (2026-12-03, logged live). Once the slope is measured, and always without
+a ratio (0), c_decode is free but for a slight pull toward zero that only breaks ties: a step-cost model that is
+not told the model's shape under-predicts a larger batch, whose first step then teaches the fit.
 """
 
 from collections import deque
@@ -41,10 +44,6 @@ RECENCY = 0.9  # a step's weight against the next newer one of its kind (half-we
 DECODE_PULL = 0.3  # how hard c_decode is pulled toward zero without a ratio (against the heaviest step, weighing
 # 1): enough to settle two batch sizes a few percent apart in time, too little to bend a fit over steps of 1 to 32
 # rows
-RATIO_PULL = 1.0  # how hard c_decode is held to decode_row_ratio x c_prompt: an informed prior, not a tie-breaker.
-# At 0.3 the fit still slid to c_decode ~0 for stretches of a burst's start (the first, slower steps after idle
-# disagree with the later ones on c_prompt), and the predicted 32-row step ranged 0.3-2x the real one within a
-# run; at 1.0 it stays within ~0.9-1.4x (replayed on the step logs of 10 bursts).
 SLOPE_SPAN = 8  # decode-only steps this many rows apart in batch size tell c_decode from c_step by themselves: the
 # ratio then gives way to the weak pull, so the engine's own decode steps overrule the model's arithmetic
 
@@ -124,14 +123,19 @@ class OnlineStepCost:
                 # prefill), times the step's recency.
                 weight = np.power(RECENCY, ages) / y
                 a, b = x * weight[:, None], weight * y
-                # c_decode - ratio * c_prompt ~ 0, weighed against the heaviest decode column entry.
                 batch_sizes = [decode_rows for decode_rows, _, _ in self._without_prompt]
                 measured_slope = bool(batch_sizes) and max(batch_sizes) - min(batch_sizes) >= SLOPE_SPAN
-                ratio = 0.0 if measured_slope else self.decode_row_ratio
-                strength = (RATIO_PULL if ratio else DECODE_PULL) * np.abs(a[:, 1]).max()
-                pull = np.array([[0.0, strength, -strength * ratio]])
-                coefficients = nonnegative_least_squares(np.vstack([a, pull]), np.append(b, 0.0))
-                self._coefficients = tuple(float(c) for c in coefficients)
+                if self.decode_row_ratio and not measured_slope:
+                    # A decode row is `ratio` prompt tokens: fit c_step and c_prompt on the tokens so counted.
+                    ratio = self.decode_row_ratio
+                    c_step, c_prompt = nonnegative_least_squares(a[:, [0, 2]] + np.outer(a[:, 1], [0.0, ratio]), b)
+                    self._coefficients = (float(c_step), float(ratio * c_prompt), float(c_prompt))
+                else:
+                    # c_decode ~ 0, weighed against the heaviest decode column entry: a tie-breaker.
+                    strength = DECODE_PULL * np.abs(a[:, 1]).max()
+                    pull = np.array([[0.0, strength, 0.0]])
+                    coefficients = nonnegative_least_squares(np.vstack([a, pull]), np.append(b, 0.0))
+                    self._coefficients = tuple(float(c) for c in coefficients)
         return self._coefficients
 
     def predict(self, chunks: Iterable[StepChunk]) -> float | None:
