@@ -22,7 +22,7 @@ KV_CACHE_DTYPE_V = typer.Option(None, "--kv-cache-dtype-v", help="V's type alone
 
 ITL_TARGET_MS = typer.Option("auto", "--itl-target-ms", help="Longest a step that carries decodes may take, in ms "
                              "(a stream's inter-token latency): prefill chunks beside decodes are cut to fit, using "
-                             "step times measured as the engine runs. auto: 2x the predicted time of a decode-only "
+                             "step times measured as the engine runs. auto: 1.75x the predicted time of a decode-only "
                              "step of the running and waiting requests; 0 or off: prefill fills --max-num-batched-tokens whatever decodes run.")
 
 
