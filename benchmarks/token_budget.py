@@ -81,9 +81,10 @@ def run_setting(serve_args: list[str], args: argparse.Namespace, env: dict[str, 
     with ridgeline_server(*common, *serve_args, env=env) as (url, _):
         warm = BenchServeConfig(url, num_prompts=2, input_len=32, output_len=8)
         bench_serve(warm, [LoadLevel(concurrency=2)])
-        step_log = env is None  # an older build may have no /v1/steps
+        recorded = httpx.get(f"{url}/v1/steps", params={"limit": 1}, timeout=30)
+        step_log = recorded.status_code == 200  # an older build (a --baseline-src) may have no /v1/steps
         if step_log:
-            after = httpx.get(f"{url}/v1/steps", params={"limit": 1}, timeout=30).json()["recorded"] - 1
+            after = recorded.json()["recorded"] - 1
         config = BenchServeConfig(url, num_prompts=args.num_prompts, input_len=args.input_len,
                                   output_len=args.output_len, max_seconds=args.max_seconds)
         level = bench_serve(config, [LoadLevel(concurrency=args.num_prompts)])["levels"][0]
