@@ -11,6 +11,7 @@ Errors name the engine's field (`prompt`, `max_tokens`, `top_p`, ...); callers t
 from dataclasses import dataclass, replace
 
 from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.structured.compiler import GrammarCompiler
 from ridgeline.errors import ContextLengthError, InvalidParameterError
 from ridgeline.model.tokenizer.base import Tokenizer
 
@@ -32,9 +33,12 @@ class AdmissionLimits:
 
 
 class Admission:
-    def __init__(self, limits: AdmissionLimits, tokenizer: Tokenizer | None = None):
+    def __init__(self, limits: AdmissionLimits, tokenizer: Tokenizer | None = None,
+                 grammars: GrammarCompiler | None = None):
         self.limits = limits
         self.tokenizer = tokenizer  # None: only token-id prompts (simulator, workers handed ids)
+        # Compiles (and caches) structured-output constraints; None: an engine without a tokenizer takes none.
+        self.grammars = grammars
 
     @property
     def max_seq_len(self) -> int:
@@ -67,6 +71,13 @@ class Admission:
     def admit_ids(self, ids: list[int], params: SamplingParams) -> AdmittedRequest:
         """Admission for ids that already passed prompt_ids (the server tokenises once, then admits)."""
         params.validate(self.limits.vocab_size)
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidParameterError("this engine has no tokenizer to constrain output with",
+                                            param=params.structured_outputs.source)
+            # A cache hit when the server compiled it ahead on a worker thread (a cold compile of a hostile
+            # schema must not hold the event loop); the engine takes its matcher from the same cache.
+            self.grammars.compile(params.structured_outputs)
         limit = self.limits.max_seq_len
         room = limit - len(ids)
         if room <= 0:

@@ -29,6 +29,8 @@ from ridgeline.engine.speculative import NgramProposer, SpeculativeConfig
 from ridgeline.engine.step_cost import OnlineStepCost
 from ridgeline.engine.sequence import Sequence
 from ridgeline.engine.step_record import StepRecorder
+from ridgeline.engine.structured.compiler import GrammarCompiler
+from ridgeline.engine.structured.masks import MaskPrefetcher
 from ridgeline.errors import RidgelineError
 from ridgeline.model.attention_batch import ForwardChunk
 from ridgeline.model.transformer import ModelOptions
@@ -91,6 +93,11 @@ class LLMEngine:
                                      f"{context} tokens")
             context = config.max_model_len
         self.proposer = NgramProposer(config.speculative) if config.speculative.num_tokens else None
+        # Structured outputs: constraints compiled once (admission checks them, add_admitted takes a matcher from the
+        # same cache) and masks computed while each step's forward pass runs.
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size)
+        self.masks = MaskPrefetcher()
+        self.num_constrained_requests = 0
         # With an ITL target the scheduler prices steps with what this engine's own steps measured, a decode row
         # priced, until decode steps of a full batch say otherwise, at the model's FLOPs against a prompt token's.
         self.step_cost = (OnlineStepCost(decode_row_ratio=self.steps.shape.decode_row_flops_ratio())
@@ -98,12 +105,12 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.num_pages, context, self.tokenizer.eos_ids,
                                    windows=[group.window for group in assembled.kv_cache.groups],
                                    block_size=config.kv_cache.block_size,
-                                   proposer=self.proposer.propose if self.proposer else None,
+                                   proposer=self._propose if self.proposer else None,
                                    step_cost=self.step_cost.predict if self.step_cost else None)
         self.admission = Admission(
             AdmissionLimits(self.model_config.vocab_size, self.scheduler.max_seq_len,
                             config.scheduler.max_num_batched_tokens, config.scheduler.enable_chunked_prefill),
-            self.tokenizer)
+            self.tokenizer, self.grammars)
         self.sampler = Sampler(config.seed)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._aborted: list[RequestOutput] = []
@@ -122,9 +129,21 @@ class LLMEngine:
                      fork_of: str | None = None, hold_kv: bool = False) -> None:
         """Queue a request that already passed `self.admission` (the server admits on its own thread)."""
         seq = Sequence(request_id, list(request.prompt_token_ids), request.params,
-                       time.monotonic() if arrival_time is None else arrival_time, hold_kv=hold_kv)
+                       time.monotonic() if arrival_time is None else arrival_time, hold_kv=hold_kv,
+                       grammar=self._grammar(request.params))
         self.scheduler.add_request(seq, fork_of=fork_of)
         self.output_processor.add(seq)
+
+    def _grammar(self, params: SamplingParams):
+        if params.structured_outputs is None:
+            return None
+        self.num_constrained_requests += 1
+        return self.grammars.compile(params.structured_outputs).matcher()
+
+    def _propose(self, seq: Sequence, max_tokens: int) -> list[int]:
+        """Speculative guesses, none for a constrained request: its guesses would have to pass its grammar, and a
+        constrained decode is rarely the copy-heavy kind n-grams guess well."""
+        return [] if seq.grammar is not None else self.proposer.propose(seq, max_tokens)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now; its KV pages are free when this returns. Its final output comes from the next step."""
@@ -151,6 +170,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return outputs
+        # The grammar masks of this step's constrained samples, computed on a worker thread during the pass.
+        self.masks.ahead(chunk.seq.grammar for chunk in plan.chunks if chunk.samples and chunk.seq.grammar is not None)
         logits, row_ranges = self._run(plan)
         samples = self._sample(plan, logits, row_ranges)
         updates = self.output_processor.detokenize(samples)
@@ -158,6 +179,7 @@ class LLMEngine:
                    if (update := updates.get(s.seq.request_id)) is not None and update.num_tokens < len(s.token_ids)
                    else s for s in samples]  # cut after a stop string (the tokens past it are not the request's)
         stop_string_hits = {request_id for request_id, update in updates.items() if update.stopped}
+        stop_string_hits |= self._advance_grammars(samples)
         finished = self.scheduler.update(plan, [sample.token_ids for sample in samples], stop_string_hits)
         if self.step_cost is not None:  # the whole step, scheduling to sampled tokens: the gap a stream sees
             self.step_cost.observe(plan.step_chunks,
@@ -191,8 +213,12 @@ class LLMEngine:
         result = None
         if rows:
             sample_logits = sampled_rows(logits, rows)
+            grammar_bias = None
+            if any(s.grammar is not None for s in seqs):
+                self.masks.wait()
+                grammar_bias = [None if s.grammar is None else s.grammar.bias() for s in seqs]
             result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
-                                  [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
+                                  [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs], grammar_bias)
         samples, first = [], 0
         for chunk, chunk_rows in sampling:
             if chunk.draft_token_ids and not chunk.seq.sampling_params.is_greedy:
@@ -215,6 +241,19 @@ class LLMEngine:
                 targets = self.scheduler.accepted_prefix(chunk.seq, targets[:accepted + 1])
             samples.append(Sample(chunk.seq, targets, logprobs[:len(targets)]))
         return samples
+
+    def _advance_grammars(self, samples: list[Sample]) -> set[str]:
+        """Each constrained request's grammar takes its new tokens; the requests whose grammar is now complete
+        (nothing more can follow) end here, with reason "stop", as vLLM ends them, without spending a step on an
+        end token. A grammar that refuses a token (only an end token under ignore_eos gets here) ends it too."""
+        done = set()
+        for sample in samples:
+            grammar = sample.seq.grammar
+            if grammar is None:
+                continue
+            if not grammar.consume(sample.token_ids) or grammar.is_terminated:
+                done.add(sample.seq.request_id)
+        return done
 
     def _forward_chunk(self, chunk: ScheduledChunk) -> ForwardChunk:
         return ForwardChunk(chunk.token_ids, chunk.start, chunk.block_tables,
@@ -277,7 +316,7 @@ class LLMEngine:
         if tuple(request.prompt_token_ids) != manifest.prompt_token_ids:
             raise KVHandoffError(f"request {request_id!r}: the KV offered is of another prompt")
         seq = Sequence(request_id, list(request.prompt_token_ids), request.params,
-                       time.monotonic() if arrival_time is None else arrival_time)
+                       time.monotonic() if arrival_time is None else arrival_time, grammar=self._grammar(request.params))
         bs = self.runner.kv_cache.block_size
         expected = self.scheduler.block_manager.block_hashes(seq, seq.num_prompt_tokens // bs)
         offered = {(ref.group, ref.block): ref.chain_hash for ref in manifest.pages}
@@ -285,6 +324,9 @@ class LLMEngine:
         if any(offered.get((ref.group, ref.block), b"missing") != ref.chain_hash for ref in wanted):
             raise KVHandoffError(f"request {request_id!r}: the pages offered do not match the prompt's chain hashes")
         seq.append_token(manifest.first_token_id, time.monotonic())
+        if seq.grammar is not None and not seq.grammar.consume([manifest.first_token_id]):
+            raise KVHandoffError(f"request {request_id!r}: the first token from the prefill side breaks the "
+                                 f"request's grammar")
         if not self.scheduler.reserve_prefilled(seq):
             return None
         self.output_processor.add(seq)

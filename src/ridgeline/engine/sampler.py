@@ -1,6 +1,7 @@
 """Batched sampling: each row of logits with its own SamplingParams.
 
-Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, then greedy argmax, or
+Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, the grammar's mask (a row of
+0 / -inf, engine/structured/), then greedy argmax, or
 temperature -> top-k -> top-p -> min-p -> one inverse-CDF draw. Log-probabilities are of the raw
 model distribution (vLLM's default), not of the processed one.
 
@@ -60,20 +61,25 @@ class Sampler:
         params: Sequence[SamplingParams],
         prompt_token_ids: Sequence[Sequence[int]],
         output_token_ids: Sequence[Sequence[int]],
+        grammar_bias: Sequence[torch.Tensor | None] | None = None,
     ) -> SamplerOutput:
         """logits: [B, vocab] on any device, not modified; row i belongs to a sequence with params[i],
-        whose prompt and generated-so-far tokens (for penalties and the seeded step) are given."""
+        whose prompt and generated-so-far tokens (for penalties and the seeded step) are given.
+        grammar_bias[i]: row i's grammar mask as a [vocab] row of 0 (allowed) / -inf (forbidden), or None."""
         if not logits.shape[0] == len(params) == len(prompt_token_ids) == len(output_token_ids):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} params, "
                              f"{len(prompt_token_ids)} prompts and {len(output_token_ids)} outputs")
         raw = logits.float()
-        if all(p.is_greedy and not p.changes_logits for p in params):
+        constrained = grammar_bias is not None and any(b is not None for b in grammar_bias)
+        if not constrained and all(p.is_greedy and not p.changes_logits for p in params):
             ids = argmax_rows(raw)  # the hot path: nothing to copy
         else:
             ids = [0] * len(params)
             for start in range(0, len(params), ROW_CHUNK):
                 rows = range(start, min(start + ROW_CHUNK, len(params)))
-                for row, token_id in zip(rows, self._sample_chunk(raw, params, prompt_token_ids, output_token_ids, rows)):
+                chosen = self._sample_chunk(raw, params, prompt_token_ids, output_token_ids, rows,
+                                            grammar_bias if constrained else None)
+                for row, token_id in zip(rows, chosen):
                     ids[row] = token_id
 
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -95,6 +101,7 @@ class Sampler:
         prompt_token_ids: Sequence[Sequence[int]],
         output_token_ids: Sequence[Sequence[int]],
         rows: range,
+        grammar_bias: Sequence[torch.Tensor | None] | None = None,
     ) -> list[int]:
         """Token ids for `rows`, in that order. Sampled rows are copied to the front of the buffer
         and greedy ones behind them, so each kind is one contiguous slice."""
@@ -107,6 +114,10 @@ class Sampler:
             apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
         if any(p.logit_bias for p in ordered_params):
             apply_logit_bias(work, ordered_params)
+        if grammar_bias is not None:
+            for position, row in enumerate(order):
+                if grammar_bias[row] is not None:
+                    work[position].add_(grammar_bias[row].to(work.device, non_blocking=True))
 
         token_ids = torch.empty(len(order), dtype=torch.long, device=raw.device)
         if len(sampled) < len(order):

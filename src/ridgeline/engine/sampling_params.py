@@ -4,6 +4,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ridgeline.engine.structured.params import StructuredOutputsParams
 from ridgeline.errors import InvalidParameterError
 
 # Below this a temperature is treated as greedy: dividing by it would overflow the logits.
@@ -38,6 +39,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-n logprobs of each prompt token
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
+    # A grammar the output must match (JSON schema, regex, choice, Lark/GBNF): tokens it forbids are masked
+    # before sampling, greedy and random alike (engine/structured/).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # OpenAI accepts a single stop string; iterating it as a list would stop on every character.
@@ -89,6 +93,10 @@ class SamplingParams:
         self._validate_stop()
         self._validate_stop_token_ids(vocab_size)
         self._validate_logit_bias(vocab_size)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                _fail("structured_outputs", self.structured_outputs, "must be a StructuredOutputsParams")
+            self.structured_outputs.validate()
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "must be a boolean")

@@ -1,9 +1,13 @@
 """One request's token stream and the state the scheduler keeps for it (no model code, no tensors)."""
 
 import enum
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 from ridgeline.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ridgeline.engine.structured.matcher import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -39,6 +43,8 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     # Keep the pages once finished, until a KV transfer collects them (a prefill worker's requests).
     hold_kv: bool = False
+    # The request's grammar state (engine/structured/matcher.py), when it asked for structured output.
+    grammar: "GrammarMatcher | None" = None
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

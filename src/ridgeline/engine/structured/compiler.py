@@ -1,0 +1,119 @@
+"""Requests' constraints compiled once per model into llguidance matchers, cached by what they say.
+
+llguidance builds a grammar's lexer and parser when a matcher is made (it drops the GIL meanwhile, bounded by its
+parser limits) and each request needs its own matcher state, so the cache holds one pristine matcher per
+constraint and every request takes a copy of it: a schema sent a thousand times is compiled once.
+"""
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import llguidance
+
+from ridgeline.engine.structured.matcher import GrammarMatcher
+from ridgeline.engine.structured.params import StructuredOutputsParams
+from ridgeline.engine.structured.vocabulary import grammar_tokenizer
+from ridgeline.errors import InvalidParameterError
+from ridgeline.model.tokenizer.base import Tokenizer
+
+CACHE_SIZE = 256  # compiled constraints kept (a pristine matcher is tens of kB to a few MB)
+# llguidance's own limits on what a grammar may cost to build and to step; what a hostile schema (10,000
+# properties, nesting 1,000 deep, a regex with a huge automaton) runs into, so compiling stays bounded.
+PARSER_LIMITS = dict(max_grammar_size=500_000, initial_lexer_fuel=2_000_000, step_lexer_fuel=400_000,
+                     max_lexer_states=250_000)
+# Separators of the JSON the grammar writes: OpenAI's own output style, and no free whitespace (params.py says why).
+JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
+
+@dataclass
+class CompilerStats:
+    compiled: int = 0  # constraints compiled (cache misses that succeeded)
+    cache_hits: int = 0
+    failed: int = 0  # constraints refused (400s)
+    compile_seconds: float = 0.0  # total time spent compiling
+
+
+class CompiledGrammar:
+    def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int, compile_seconds: float):
+        self._pristine = pristine
+        self.vocab_size = vocab_size
+        self.compile_seconds = compile_seconds
+
+    def matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self._pristine.deep_copy(), self.vocab_size)
+
+
+class GrammarCompiler:
+    """One per engine: the model's vocabulary as llguidance sees it (built on first use, ~1 s for a 262k
+    vocabulary) and the cache. Thread-safe: the server compiles on a worker thread, the engine copies matchers."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int):
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self.stats = CompilerStats()
+        self.limits = llguidance.LLParserLimits(**PARSER_LIMITS)
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = grammar_tokenizer(self._tokenizer, self.vocab_size)
+            return self._ll_tokenizer
+
+    def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
+        """The constraint compiled (from the cache when seen before); an InvalidParameterError naming
+        `spec.source` when it is malformed, uses a feature the grammar engine does not support, or is too large."""
+        key = spec.cache_key()
+        with self._lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                self.stats.cache_hits += 1
+                return found
+        tokenizer = self.ll_tokenizer
+        started = time.perf_counter()
+        grammar = self._grammar_text(spec)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=self.limits)
+        if is_error:
+            self._refuse(spec, messages[0] if messages else "invalid grammar")
+        pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
+        if pristine.is_error():
+            self._refuse(spec, pristine.get_error())
+        compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started)
+        with self._lock:
+            self.stats.compiled += 1
+            self.stats.compile_seconds += compiled.compile_seconds
+            self._cache[key] = compiled
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _grammar_text(self, spec: StructuredOutputsParams) -> str:
+        try:
+            if spec.json_object or spec.json is not None:
+                schema = {"type": "object"} if spec.json_object else spec.json
+                options = dict(JSON_OPTIONS)
+                if spec.whitespace_pattern is not None:
+                    options.update(whitespace_flexible=True, whitespace_pattern=spec.whitespace_pattern)
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+            if spec.regex is not None:
+                return llguidance.LLMatcher.grammar_from_regex(spec.regex)
+            if spec.choice is not None:
+                return llguidance.grammar_from("choice", list(spec.choice))
+            return llguidance.grammar_from("grammar", spec.grammar)  # Lark, or GBNF converted to Lark
+        except (ValueError, TypeError) as error:
+            self._refuse(spec, str(error))
+
+    def _refuse(self, spec: StructuredOutputsParams, problem: str) -> None:
+        with self._lock:
+            self.stats.failed += 1
+        problem = " ".join(problem.split())
+        if len(problem) > 500:
+            problem = problem[:500] + " ..."
+        raise InvalidParameterError(f"{spec.source}: the {spec.kind.replace('_', ' ')} cannot be used: {problem}",
+                                    param=spec.source)
