@@ -5,6 +5,7 @@ parser limits) and each request needs its own matcher state, so the cache holds 
 constraint and every request takes a copy of it: a schema sent a thousand times is compiled once.
 """
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import llguidance
 
+from ridgeline.engine.structured.closed_objects import closed_objects
 from ridgeline.engine.structured.matcher import GrammarMatcher
 from ridgeline.engine.structured.params import StructuredOutputsParams
 from ridgeline.engine.structured.vocabulary import grammar_tokenizer
@@ -96,7 +98,7 @@ class GrammarCompiler:
     def _grammar_text(self, spec: StructuredOutputsParams) -> str:
         try:
             if spec.json_object or spec.json is not None:
-                schema = {"type": "object"} if spec.json_object else spec.json
+                schema = {"type": "object"} if spec.json_object else closed_objects(_schema_object(spec.json))
                 options = dict(JSON_OPTIONS)
                 if spec.whitespace_pattern is not None:
                     options.update(whitespace_flexible=True, whitespace_pattern=spec.whitespace_pattern)
@@ -117,3 +119,16 @@ class GrammarCompiler:
             problem = problem[:500] + " ..."
         raise InvalidParameterError(f"{spec.source}: the {spec.kind.replace('_', ' ')} cannot be used: {problem}",
                                     param=spec.source)
+
+
+def _schema_object(schema: str | dict) -> dict:
+    """A schema sent as JSON text (vLLM's guided_json allows it), as the object it encodes."""
+    if isinstance(schema, dict):
+        return schema
+    try:
+        parsed = json.loads(schema)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"the schema is not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("a JSON schema must be an object")
+    return parsed
