@@ -1,0 +1,33 @@
+"""The grammar of an answer that must call tools (tool_choice "required" or a named function): one call, or
+with parallel calls several, each `<tool_call>{"name": N, "arguments": A}</tool_call>` with A valid against that
+function's parameters schema. Lark in llguidance's dialect, each call's JSON an embedded `%json` schema, so the
+grammar engine guarantees the arguments as it guarantees any JSON schema."""
+
+import json
+
+from ridgeline.engine.structured.closed_objects import closed_objects
+from ridgeline.tool_calls.spec import FunctionTool, ToolChoice
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# The JSON as the structured-outputs compiler writes it (engine/structured/compiler.py): no free whitespace.
+JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
+
+def call_schema(tool: FunctionTool) -> dict:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": closed_objects(tool.parameters)},
+            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_STYLE}
+
+
+def tool_call_grammar(tools: list[FunctionTool], choice: ToolChoice, answer_schema: dict | None = None) -> str:
+    """Lark text. `answer_schema`: with tool_choice "auto", a response_format's schema: the answer is then either
+    that JSON or calls (what an agent with a typed output and tools needs)."""
+    callable_tools = [t for t in tools if choice.mode != "function" or t.name == choice.name]
+    rules = [f"fn{i}: %json {json.dumps(call_schema(tool))}" for i, tool in enumerate(callable_tools)]
+    call = f'call: "{CALL_OPEN}" ({" | ".join(f"fn{i}" for i in range(len(callable_tools)))}) "{CALL_CLOSE}"'
+    calls = 'calls: call ("\\n" call)*' if choice.parallel and choice.mode != "function" else "calls: call"
+    if answer_schema is not None:
+        start = "start: calls | answer"
+        rules.append(f"answer: %json {json.dumps({**closed_objects(answer_schema), 'x-guidance': JSON_STYLE})}")
+    else:
+        start = "start: calls"
+    return "\n".join(["%llguidance {}", start, calls, call, *rules]) + "\n"
