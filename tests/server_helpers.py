@@ -51,8 +51,8 @@ def _tokenizer() -> HfBackend:
 
 
 @functools.cache
-def tiny_model_path() -> Path:
-    """A tiny llama GGUF with random weights and a real tokenizer (built once per session)."""
+def tiny_model_path(context: int = TINY_CONTEXT) -> Path:
+    """A tiny llama GGUF with random weights and a real tokenizer (built once per session and context length)."""
     path = Path(tempfile.mkdtemp(prefix="ridgeline-tiny-")) / "tiny-llama.gguf"
     vocab = json.loads(_tokenizer().to_str())["model"]
     tokens = sorted(vocab["vocab"], key=vocab["vocab"].get)
@@ -60,7 +60,7 @@ def tiny_model_path() -> Path:
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(layers)
-    writer.add_context_length(TINY_CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(heads)
@@ -104,9 +104,9 @@ def tiny_model_path() -> Path:
 
 
 def tiny_engine(max_num_seqs: int = 64, num_blocks: int = 256, block_size: int = 16,
-                max_model_len: int | None = None, kv_dtype: str = "fp32") -> LLMEngine:
+                max_model_len: int | None = None, kv_dtype: str = "fp32", context: int = TINY_CONTEXT) -> LLMEngine:
     config = EngineConfig(
-        model=str(tiny_model_path()),
+        model=str(tiny_model_path(context)),
         max_model_len=max_model_len,
         kv_cache=KVCacheConfig(block_size=block_size, dtype=kv_dtype, memory_bytes=num_blocks * block_size * KV_BYTES_PER_TOKEN),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024),
@@ -116,10 +116,11 @@ def tiny_engine(max_num_seqs: int = 64, num_blocks: int = 256, block_size: int =
 
 @contextlib.contextmanager
 def serve_tiny_model(max_num_seqs: int = 64, num_blocks: int = 256, max_model_len: int | None = None,
-                     kv_dtype: str = "fp32", **server_options):
+                     kv_dtype: str = "fp32", context: int = TINY_CONTEXT, **server_options):
     """A BackgroundServer (with .url) over a fresh tiny engine; server_options are ServerConfig fields."""
     config = ServerConfig(**server_options)
-    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len, kv_dtype=kv_dtype), config)
+    app = create_app(tiny_engine(max_num_seqs, num_blocks, max_model_len=max_model_len, kv_dtype=kv_dtype,
+                                 context=context), config)
     with BackgroundServer(app, request_read_timeout=config.request_read_timeout, max_connections=config.max_connections) as server:
         yield server
 

@@ -95,12 +95,13 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
                 await replica.ready()
         if backend.kind != "openai" and group.tokenizer is None:
             from ridgeline.engine.admission import Admission
+            from ridgeline.engine.structured.compiler import GrammarCompiler
 
             group.tokenizer = (replicas[0].tokenizer if backend.kind == "engine"
                                else _load_tokenizer(config.resolve(backend.path)))
             # The tightest replica's limits: a request any replica might get must fit every one.
             limits = min((r.info.limits for r in replicas), key=lambda limits: limits.max_seq_len)
-            group.admission = Admission(limits, group.tokenizer)
+            group.admission = Admission(limits, group.tokenizer, GrammarCompiler(group.tokenizer, limits.vocab_size))
 
     s = config.router
     router = Router(list(groups.values()), rates, s.threshold, s.expected_output_tokens, s.health_interval_s)

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: the messages rendered by the model's chat template, n choices, streamed or whole."""
+"""POST /v1/chat/completions: the messages rendered by the model's chat template, n choices, streamed or whole;
+with tools, each answer read for calls (server/chat_tools.py), and with a response format, constrained."""
 
 import time
 from collections.abc import AsyncIterator
@@ -15,9 +16,16 @@ from ridgeline.server.protocol import (
     ChatLogprobs,
     ChatResponseMessage,
     ChatTokenLogprob,
+    FunctionCallDelta,
+    FunctionCallOut,
+    ToolCallChunk,
+    ToolCallOut,
     TopLogprob,
     Usage,
 )
+from ridgeline.server.chat_tools import chat_constraint, chat_tools, template_input
+from ridgeline.server.structured import compile_ahead
+from ridgeline.tool_calls import ToolCallDelta, parse_tool_calls
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
@@ -38,11 +46,13 @@ class ChatJob:
         self.request = request
         self.id = new_request_id("chatcmpl")
         self.started = time.monotonic()
-        self.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-        self.prompt_ids = ctx.chat_prompt_ids(self.messages, request.add_generation_prompt)
+        self.tools = chat_tools(request)
+        self.messages, template_tools = template_input(request, self.tools, ctx.tokenizer.effective_chat_template)
+        self.prompt_ids = ctx.chat_prompt_ids(self.messages, request.add_generation_prompt, template_tools)
         max_tokens_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = sampling_params(request, max_tokens=request.max_new_tokens(), logprobs=top_logprobs, prompt_logprobs=None)
+        params = sampling_params(request, max_tokens=request.max_new_tokens(), logprobs=top_logprobs, prompt_logprobs=None,
+                                 structured_outputs=chat_constraint(request, self.tools))
         admitted = admit(ctx.admission, self.prompt_ids, params,
                          {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": max_tokens_param})
         self.engine_requests = engine_requests(ctx.role, self.id, admitted, request.n, request.kv_transfer_params)
@@ -62,9 +72,9 @@ class ChatJob:
         choices = [
             ChatChoice(
                 index=i,
-                message=ChatResponseMessage(content=output.text),
+                message=self._message(output.text),
                 logprobs=self.logprobs(output.output_token_ids, output.logprobs or []),
-                finish_reason=output.finish_reason,
+                finish_reason=self._finish_reason(output.finish_reason, self._message(output.text).tool_calls),
             )
             for i, output in enumerate(self.last)
         ]
@@ -72,15 +82,37 @@ class ChatJob:
         return ChatCompletionResponse(id=self.id, model=self.ctx.model_name, choices=choices, usage=self.usage(),
                                       kv_transfer_params=offer)
 
+    def _message(self, text: str) -> ChatResponseMessage:
+        if not self.tools.active:
+            return ChatResponseMessage(content=text)
+        content, calls = parse_tool_calls(text, self.tools.names)
+        return ChatResponseMessage(content=content, tool_calls=[
+            ToolCallOut(id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments)) for call in calls])
+
+    @staticmethod
+    def _finish_reason(reason: str | None, calls: list) -> str | None:
+        """OpenAI's: an answer that ended in calls finished for "tool_calls" (cut off by a limit, it stays "length")."""
+        return "tool_calls" if calls and reason == "stop" else reason
+
     async def events(self, submission) -> AsyncIterator[str]:
         for index in range(self.request.n):  # the role first, as OpenAI does, before any token exists
             yield self._chunk(ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content="")))
+        readers = [self.tools.stream() for _ in range(self.request.n)] if self.tools.active else None
         async for index, output in submission.outputs():
             self.last[index] = output
             logprobs = self.logprobs(output.new_token_ids, new_logprobs(output))
-            if output.new_text or output.finished or logprobs is not None:
-                delta = ChatDelta(content=output.new_text or None)
-                choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=output.finish_reason)
+            text, deltas, finish_reason = output.new_text, [], output.finish_reason
+            if readers is not None:
+                text, deltas = readers[index].feed(output.new_text)
+                if output.finished:
+                    rest, last_deltas = readers[index].finish()
+                    text, deltas = text + rest, deltas + last_deltas
+                    finish_reason = self._finish_reason(finish_reason, readers[index].calls)
+                if self.tools.choice.forces_call:
+                    text = ""  # the grammar allows only calls: between them, white space that OpenAI never sends
+            if text or deltas or output.finished or logprobs is not None:
+                delta = ChatDelta(content=text or None, tool_calls=[_tool_call_chunk(d) for d in deltas] or None)
+                choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
                 yield self._chunk(choice)
 
     def usage_event(self) -> str:
@@ -103,5 +135,12 @@ class ChatJob:
         return ChatTokenLogprob(**chosen.model_dump(), top_logprobs=alternatives)
 
 
+def _tool_call_chunk(delta: ToolCallDelta) -> ToolCallChunk:
+    first = delta.id is not None
+    return ToolCallChunk(index=delta.index, id=delta.id, type="function" if first else None,
+                         function=FunctionCallDelta(name=delta.name, arguments=delta.arguments))
+
+
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest, raw: Request):
+    await compile_ahead(ctx.admission, chat_constraint(request, chat_tools(request)))
     return await answer(ctx, ChatJob(ctx, request), raw)

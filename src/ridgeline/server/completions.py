@@ -17,6 +17,7 @@ from ridgeline.server.protocol import (
 )
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.sampling import admit, sampling_params
+from ridgeline.server.structured import compile_ahead, requested_constraint
 from ridgeline.server.serving import (
     ServingContext,
     answer,
@@ -77,7 +78,8 @@ class CompletionJob:
         self.prompt_ids = [ctx.prompt_ids(p, "prompt") for p in self.prompts]
         want_prompt_logprobs = request.echo and request.logprobs is not None
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
-                                 prompt_logprobs=request.logprobs if want_prompt_logprobs else None)
+                                 prompt_logprobs=request.logprobs if want_prompt_logprobs else None,
+                                 structured_outputs=requested_constraint(request))
         if request.kv_transfer_params and len(self.prompt_ids) > 1:
             raise APIError(400, "'kv_transfer_params' (disaggregated prefill/decode) needs a single prompt", "prompt")
         self.engine_requests: list[AddRequest] = []
@@ -154,4 +156,5 @@ class CompletionJob:
 
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw: Request):
+    await compile_ahead(ctx.admission, requested_constraint(request))
     return await answer(ctx, CompletionJob(ctx, request), raw)

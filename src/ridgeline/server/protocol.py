@@ -41,6 +41,24 @@ class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
+class JSONSchemaFormat(RequestModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_json_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
 class SamplingFields(RequestModel):
     """Fields shared by completions and chat: OpenAI's sampling knobs plus vLLM's extras."""
 
@@ -64,6 +82,15 @@ class SamplingFields(RequestModel):
     stop_token_ids: list[int] | None = None
     # Disaggregated prefill/decode, as vLLM's P/D connectors name it (server/disaggregation.py)
     kv_transfer_params: dict[str, Any] | None = None
+    # Structured outputs (engine/structured/): OpenAI's response_format, vLLM's structured_outputs object, and the
+    # guided_* fields older vLLM releases took (still sent by many clients). server/structured.py reads them.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @model_validator(mode="after")
     def _usage_options_need_stream(self) -> "SamplingFields":
@@ -114,19 +141,61 @@ class TextPart(RequestModel):
     text: str
 
 
+class FunctionCallIn(RequestModel):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(RequestModel):
+    """A call an earlier assistant turn made, sent back in the history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(RequestModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn's: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    def for_template(self) -> dict:
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            message["name"] = self.name
+        return message
 
-class ResponseFormat(RequestModel):
-    type: str
+
+class FunctionDefinition(RequestModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class KVReleaseRequest(RequestModel):
@@ -140,33 +209,22 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # vLLM extra
+    # Tool calling (ridgeline/tool_calls): OpenAI's fields.
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # Known OpenAI features this server does not implement: present only to be refused by name.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: ResponseFormat | None = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
     web_search_options: Any = None
 
-    @field_validator("tools", "functions", "function_call", "audio", "prediction", "web_search_options")
+    @field_validator("functions", "function_call", "audio", "prediction", "web_search_options")
     @classmethod
     def _unsupported(cls, value: Any, info) -> Any:
         return _reject_if_set(value, info.field_name)
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice_none_only(cls, value: Any) -> Any:
-        return value if value in (None, "none") else _reject_if_set(value, "tool_choice")
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        if value is not None and value.type != "text":
-            raise ValueError(f"'response_format' of type {value.type!r} is not supported by this server (only 'text')")
-        return value
 
     @field_validator("modalities")
     @classmethod
@@ -271,9 +329,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -293,9 +363,24 @@ class ChatCompletionResponse(BaseModel):
     kv_transfer_params: dict[str, Any] | None = None  # a prefill worker's: where a decode worker pulls the KV
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallChunk(BaseModel):
+    """A piece of a streamed call, in OpenAI's delta shape: id, type and name on a call's first piece only."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallChunk] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -8,14 +8,16 @@ import time
 from ridgeline.engine.admission import Admission, AdmittedRequest
 from ridgeline.engine.messages import AddRequest
 from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.structured import StructuredOutputsParams
 from ridgeline.errors import RidgelineError
 from ridgeline.server.errors import APIError, api_error
 from ridgeline.server.protocol import SamplingFields
 
 
 def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None) -> SamplingParams:
-    """The request's sampling fields as the engine names them, unchecked (admission checks them)."""
+                    prompt_logprobs: int | None, structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+    """The request's sampling fields as the engine names them, unchecked (admission checks them).
+    `structured_outputs`: the request's output constraint (server/structured.py)."""
     given = {
         "temperature": request.temperature,
         "top_p": request.top_p,
@@ -35,6 +37,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         ignore_eos=request.ignore_eos,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        structured_outputs=structured_outputs,
         **{name: value for name, value in given.items() if value is not None},
     )
 

@@ -51,8 +51,8 @@ class ServingContext:
         except RidgelineError as error:
             raise api_error(error, {"prompt": param}) from error
 
-    def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.prompt_ids(text, "messages", special=True)
 
     def token_text(self, token_id: int) -> str:

@@ -76,8 +76,10 @@ class Tokenizer(ABC):
         """The template chat requests are rendered with: the file's own, else the built-in Gemma one."""
         return self.chat_template or GEMMA_TEMPLATE
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat prompt as text, to be encoded with special=True (encode adds the BOS, so the text has none)."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The chat prompt as text, to be encoded with special=True (encode adds the BOS, so the text has none).
+        `tools` reach templates that have a tool section (ridgeline.tool_calls presents them to those without)."""
         bos_token = self.token_text(self.bos_id)
         text = render_chat_template(
             self.effective_chat_template,
@@ -85,6 +87,7 @@ class Tokenizer(ABC):
             bos_token=bos_token,
             eos_token=self.token_text(self.eos_id),
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
         if self.add_bos and bos_token and text.startswith(bos_token):
             text = text[len(bos_token) :]  # templates write the BOS too; two would confuse the model

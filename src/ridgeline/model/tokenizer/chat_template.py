@@ -36,9 +36,12 @@ GEMMA_TEMPLATE = """\
 
 
 def render_chat_template(
-    source: str, messages: list[dict], *, bos_token: str, eos_token: str, add_generation_prompt: bool
+    source: str, messages: list[dict], *, bos_token: str, eos_token: str, add_generation_prompt: bool,
+    tools: list[dict] | None = None,
 ) -> str:
     context = dict(messages=messages, bos_token=bos_token, eos_token=eos_token, add_generation_prompt=add_generation_prompt)
+    if tools is not None:  # as Hugging Face passes them: OpenAI function definitions
+        context["tools"] = tools
     if source != GEMMA_TEMPLATE:
         return render_untrusted(source, context)  # the model file's own: a worker bounds its time and memory
     try:
