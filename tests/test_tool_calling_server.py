@@ -125,3 +125,24 @@ def test_a_json_schema_holds_on_completions_too(client):
                                      extra_body={"guided_json": json.dumps(CITY)}).choices[0].text
     jsonschema.validate(json.loads(text), CITY)
     assert set(json.loads(text)) == {"city", "celsius"}  # objects are closed: no property the schema did not list
+
+
+def test_metrics_count_constrained_requests_compiles_cache_hits_and_masks(server, client):
+    import httpx
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(f"{server.url}/metrics").text
+        return {line.split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith(("ridgeline_structured", "ridgeline_grammar"))}
+
+    before = scrape()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    for _ in range(2):  # the second finds the first's grammar compiled
+        client.completions.create(model=model(client), prompt="x", max_tokens=20, temperature=0,
+                                  extra_body={"guided_json": schema})
+    after = scrape()
+    assert after["ridgeline_structured_requests"] - before["ridgeline_structured_requests"] == 2
+    assert after["ridgeline_grammar_compiled"] - before["ridgeline_grammar_compiled"] == 1
+    assert after["ridgeline_grammar_cache_hits"] - before["ridgeline_grammar_cache_hits"] >= 1
+    assert after["ridgeline_grammar_masks"] > before["ridgeline_grammar_masks"]
+    assert after["ridgeline_grammar_compile_seconds"] > 0

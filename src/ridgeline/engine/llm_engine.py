@@ -369,4 +369,12 @@ class LLMEngine:
             num_draft_tokens=self.proposer.num_proposed if self.proposer else 0,
             num_accepted_tokens=self.proposer.num_accepted if self.proposer else 0,
             num_verifications=self.proposer.num_verifications if self.proposer else 0,
+            num_constrained_requests=self.num_constrained_requests,
+            grammars_compiled=self.grammars.stats.compiled,
+            grammar_cache_hits=self.grammars.stats.cache_hits,
+            grammars_refused=self.grammars.stats.failed,
+            grammar_compile_seconds=self.grammars.stats.compile_seconds,
+            grammar_masks=self.masks.num_masks,
+            grammar_mask_seconds=self.masks.mask_seconds,
+            grammar_mask_wait_seconds=self.masks.wait_seconds,
         )

@@ -62,6 +62,17 @@ class EngineStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_verifications: int = 0
+    # Structured outputs (engine/structured): requests that carried a constraint, grammars compiled (cache misses),
+    # compiled ones found cached, constraints refused, and the time spent compiling and computing masks; the
+    # masks' time is hidden behind the forward pass but for `grammar_mask_wait_seconds`, what steps waited.
+    num_constrained_requests: int = 0
+    grammars_compiled: int = 0
+    grammar_cache_hits: int = 0
+    grammars_refused: int = 0
+    grammar_compile_seconds: float = 0.0
+    grammar_masks: int = 0
+    grammar_mask_seconds: float = 0.0
+    grammar_mask_wait_seconds: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:

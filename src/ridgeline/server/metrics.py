@@ -50,6 +50,17 @@ class ServerMetrics:
         self.spec_accepted_tokens = gauge("ridgeline_spec_decode_accepted_tokens", "Guessed tokens the model agreed with so far.")
         self.spec_acceptance_rate = gauge("ridgeline_spec_decode_acceptance_rate", "Accepted / guessed tokens so far (0..1).")
         self.spec_tokens_per_step = gauge("ridgeline_spec_decode_tokens_per_step", "Mean tokens a verifying decode step produced.")
+        # Structured outputs: how many requests were constrained, what compiling their grammars cost and how often
+        # the cache spared it, and the masks (computed beside the forward pass; the wait is what steps lost to them).
+        self.constrained_requests = gauge("ridgeline_structured_requests", "Requests with an output constraint so far.")
+        self.grammars_compiled = gauge("ridgeline_grammar_compiled", "Grammars compiled so far (cache misses).")
+        self.grammar_cache_hits = gauge("ridgeline_grammar_cache_hits", "Constraints found compiled in the cache so far.")
+        self.grammars_refused = gauge("ridgeline_grammar_refused", "Constraints refused (400) by the grammar engine so far.")
+        self.grammar_compile_seconds = gauge("ridgeline_grammar_compile_seconds", "Total time spent compiling grammars.")
+        self.grammar_masks = gauge("ridgeline_grammar_masks", "Token masks computed so far (one per constrained row per step).")
+        self.grammar_mask_seconds = gauge("ridgeline_grammar_mask_seconds", "Total time computing masks (beside the forward pass).")
+        self.grammar_mask_wait_seconds = gauge("ridgeline_grammar_mask_wait_seconds",
+                                               "Total time steps waited for masks after their forward pass.")
         # Disaggregated prefill and decode (cluster/kv_transfer): what a decode worker pulled, what a prefill
         # worker served, and how the front placed each prefill.
         self.kv_pages_received = counter("ridgeline_kv_transfer_pages_received", "KV pages pulled from prefill workers.")
@@ -83,6 +94,14 @@ class ServerMetrics:
         self.spec_accepted_tokens.set(stats.num_accepted_tokens)
         self.spec_acceptance_rate.set(stats.acceptance_rate)
         self.spec_tokens_per_step.set(stats.tokens_per_verification)
+        self.constrained_requests.set(stats.num_constrained_requests)
+        self.grammars_compiled.set(stats.grammars_compiled)
+        self.grammar_cache_hits.set(stats.grammar_cache_hits)
+        self.grammars_refused.set(stats.grammars_refused)
+        self.grammar_compile_seconds.set(stats.grammar_compile_seconds)
+        self.grammar_masks.set(stats.grammar_masks)
+        self.grammar_mask_seconds.set(stats.grammar_mask_seconds)
+        self.grammar_mask_wait_seconds.set(stats.grammar_mask_wait_seconds)
 
     def observe_kv_received(self, pages: int, num_bytes: int, seconds: float) -> None:
         self.kv_pages_received.inc(pages)
