@@ -1,16 +1,29 @@
-"""Offline API: `LLM(model).generate(prompts, params)`, the way vLLM users expect it."""
+"""Offline API: `LLM(model).generate(prompts, params)` and `.chat(messages, params, tools=...)`, the way vLLM users
+expect them."""
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.structured import StructuredOutputsParams
+from ridgeline.tool_calls import FunctionTool, ToolCall, ToolChoice, Toolset
 
 Prompt = str | list[int]
+Messages = list[dict]
+
+
+@dataclass
+class ChatOutput(RequestOutput):
+    """A chat answer: the request's output, and its text read for tool calls (`content` None when it is only
+    calls; `finish_reason` "tool_calls" when it ended in calls, as OpenAI's)."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class LLM:
@@ -52,6 +65,36 @@ class LLM:
                         bar.update(1)
         return [finished[request_id] for request_id in order]
 
+    def chat(self, messages: Messages | Sequence[Messages], params: SamplingParams | None = None,
+             tools: Sequence[dict | FunctionTool] | None = None, tool_choice: str | dict | None = None,
+             parallel_tool_calls: bool = True, add_generation_prompt: bool = True,
+             use_tqdm: bool = True) -> list[ChatOutput]:
+        """Answers to one conversation or several, rendered by the model's chat template. `tools` are OpenAI
+        function definitions (or FunctionTool); `tool_choice` "auto" (the default with tools), "none", "required"
+        or {"type": "function", "function": {"name": ...}} — a forced call is valid by grammar, as on the server."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        toolset = _toolset(tools or [], tool_choice, parallel_tool_calls)
+        params = params or SamplingParams()
+        answer_schema = None
+        asked = params.structured_outputs
+        if asked is not None and (asked.json is not None or asked.json_object):
+            answer_schema = {"type": "object"} if asked.json_object else asked.json
+        grammar = toolset.grammar(answer_schema if isinstance(answer_schema, dict) else None)
+        if grammar is not None:
+            params = replace(params, structured_outputs=StructuredOutputsParams(grammar=grammar, source="tool_choice"))
+        prompts = []
+        for conversation in conversations:
+            shown, template_tools = toolset.template_input(list(conversation), self.tokenizer.effective_chat_template)
+            text = self.tokenizer.apply_chat_template(shown, add_generation_prompt, tools=template_tools)
+            prompts.append(self.tokenizer.encode(text, special=True))
+        answers = []
+        for output in self.generate(prompts, params, use_tqdm=use_tqdm):
+            content, calls = toolset.read(output.text)
+            finish_reason = "tool_calls" if calls and output.finish_reason == "stop" else output.finish_reason
+            answers.append(ChatOutput(**{**vars(output), "finish_reason": finish_reason}, content=content,
+                                      tool_calls=calls))
+        return answers
+
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """One request, yielding an output after every step that produced something for it."""
         request_id = str(next(self._ids))
@@ -65,3 +108,20 @@ class LLM:
                             return
         finally:
             self.engine.abort(request_id)
+
+
+def _toolset(tools: Sequence[dict | FunctionTool], tool_choice: str | dict | None, parallel: bool) -> Toolset:
+    functions = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            spec = tool.get("function", tool)
+            tool = FunctionTool(spec["name"], spec.get("description"),
+                                spec.get("parameters") or {"type": "object", "properties": {}})
+        functions.append(tool)
+    if tool_choice is None:
+        mode, name = ("auto" if functions else "none"), None
+    elif isinstance(tool_choice, str):
+        mode, name = tool_choice, None
+    else:
+        mode, name = "function", tool_choice["function"]["name"]
+    return Toolset(functions, ToolChoice(mode, name, parallel))

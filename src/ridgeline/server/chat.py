@@ -23,9 +23,9 @@ from ridgeline.server.protocol import (
     TopLogprob,
     Usage,
 )
-from ridgeline.server.chat_tools import chat_constraint, chat_tools, template_input
+from ridgeline.server.chat_tools import chat_constraint, chat_tools
 from ridgeline.server.structured import compile_ahead
-from ridgeline.tool_calls import ToolCallDelta, parse_tool_calls
+from ridgeline.tool_calls import ToolCallDelta
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
@@ -47,7 +47,8 @@ class ChatJob:
         self.id = new_request_id("chatcmpl")
         self.started = time.monotonic()
         self.tools = chat_tools(request)
-        self.messages, template_tools = template_input(request, self.tools, ctx.tokenizer.effective_chat_template)
+        self.messages, template_tools = self.tools.template_input([m.for_template() for m in request.messages],
+                                                                  ctx.tokenizer.effective_chat_template)
         self.prompt_ids = ctx.chat_prompt_ids(self.messages, request.add_generation_prompt, template_tools)
         max_tokens_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
@@ -69,14 +70,15 @@ class ChatJob:
         log_request(self.ctx, self.id, "chat", self.usage(), self.last, self.started, self.messages)
 
     def response(self) -> ChatCompletionResponse:
+        messages = [self._message(output.text) for output in self.last]
         choices = [
             ChatChoice(
                 index=i,
-                message=self._message(output.text),
+                message=message,
                 logprobs=self.logprobs(output.output_token_ids, output.logprobs or []),
-                finish_reason=self._finish_reason(output.finish_reason, self._message(output.text).tool_calls),
+                finish_reason=self._finish_reason(output.finish_reason, message.tool_calls),
             )
-            for i, output in enumerate(self.last)
+            for i, (output, message) in enumerate(zip(self.last, messages))
         ]
         offer = offer_prefilled(self.ctx.role, self.last[0]) if self.holds_kv else None
         return ChatCompletionResponse(id=self.id, model=self.ctx.model_name, choices=choices, usage=self.usage(),
@@ -85,7 +87,7 @@ class ChatJob:
     def _message(self, text: str) -> ChatResponseMessage:
         if not self.tools.active:
             return ChatResponseMessage(content=text)
-        content, calls = parse_tool_calls(text, self.tools.names)
+        content, calls = self.tools.read(text)
         return ChatResponseMessage(content=content, tool_calls=[
             ToolCallOut(id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments)) for call in calls])
 

@@ -11,6 +11,7 @@ from ridgeline.tool_calls.grammar import tool_call_grammar
 from ridgeline.tool_calls.parser import ToolCall, ToolCallDelta, ToolCallStream, parse_tool_calls
 from ridgeline.tool_calls.presentation import present_tools
 from ridgeline.tool_calls.spec import FunctionTool, ToolChoice
+from ridgeline.tool_calls.toolset import Toolset
 
 __all__ = ["FunctionTool", "ToolCall", "ToolCallDelta", "ToolCallStream", "ToolChoice", "parse_tool_calls",
-           "present_tools", "tool_call_grammar"]
+           "Toolset", "present_tools", "tool_call_grammar"]

@@ -5,7 +5,7 @@ grammar engine guarantees the arguments as it guarantees any JSON schema."""
 
 import json
 
-from ridgeline.engine.structured.closed_objects import closed_objects
+from ridgeline.json_schemas import closed_objects
 from ridgeline.tool_calls.spec import FunctionTool, ToolChoice
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

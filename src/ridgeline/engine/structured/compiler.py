@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import llguidance
 
-from ridgeline.engine.structured.closed_objects import closed_objects
+from ridgeline.json_schemas import closed_objects
 from ridgeline.engine.structured.matcher import GrammarMatcher
 from ridgeline.engine.structured.params import StructuredOutputsParams
 from ridgeline.engine.structured.vocabulary import grammar_tokenizer

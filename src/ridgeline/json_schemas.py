@@ -1,5 +1,6 @@
-"""JSON schemas read strictly: an object schema that lists its properties and says nothing of others takes no
-others ("additionalProperties": false added where it is absent).
+"""JSON schemas read strictly, by the structured-outputs compiler and the tool-call grammar alike (a leaf module:
+neither imports the other): an object schema that lists its properties and says nothing of others takes no
+("additionalProperties": false added where it is absent).
 
 JSON Schema itself allows unlisted properties by default, and a small model given that freedom fills it: asked for
 `{"city": ...}` it copies the schema it was shown into the arguments (`{"city": "Paris", "type": "object",

@@ -1,0 +1,53 @@
+"""One request's tools and tool choice, and the three things done with them: showing them to the chat template,
+the grammar a forced call imposes, and reading the answer back. The server and the offline `LLM.chat` both use
+it, so a request means the same through either."""
+
+from dataclasses import dataclass, field
+
+from ridgeline.tool_calls.grammar import tool_call_grammar
+from ridgeline.tool_calls.parser import ToolCall, ToolCallStream, parse_tool_calls
+from ridgeline.tool_calls.presentation import present_tools, template_takes_tools
+from ridgeline.tool_calls.spec import FunctionTool, ToolChoice, check_tools
+
+
+@dataclass(frozen=True)
+class Toolset:
+    tools: list[FunctionTool] = field(default_factory=list)
+    choice: ToolChoice = field(default_factory=ToolChoice)
+
+    def __post_init__(self):
+        check_tools(self.tools, self.choice)
+
+    @property
+    def active(self) -> bool:
+        """Tools are shown to the model and its answer is read for calls (tool_choice "none" hides them)."""
+        return bool(self.tools) and self.choice.mode != "none"
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools)
+
+    def template_input(self, messages: list[dict], template_source: str) -> tuple[list[dict], list | None]:
+        """The messages and `tools` the chat template renders (the default presentation where the template has no
+        tool section; the history's calls and results are rendered even when no tools are shown now)."""
+        return present_tools(messages, self.tools if self.active else [], template_takes_tools(template_source))
+
+    def grammar(self, answer_schema: dict | None = None) -> str | None:
+        """The Lark grammar the answer must follow: a forced call's; with tool_choice "auto" and a JSON answer
+        asked for (`answer_schema`), that JSON or calls (an agent with a typed output and tools asks exactly
+        this); None when the answer is free."""
+        if self.active and self.choice.forces_call:
+            return tool_call_grammar(self.tools, self.choice)
+        if self.active and answer_schema is not None:
+            return tool_call_grammar(self.tools, self.choice, answer_schema)
+        return None
+
+    def read(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """A whole answer's content (None when it is only calls) and calls."""
+        if not self.active:
+            return text, []
+        return parse_tool_calls(text, self.names)
+
+    def stream(self) -> ToolCallStream:
+        """A reader of one streamed answer; a forced call's arguments stream as they are written."""
+        return ToolCallStream(self.names, incremental=self.choice.forces_call)
