@@ -153,7 +153,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             messages = [{"role": m.role, "content": m.text()} for m in request.messages]
             tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
         else:
-            tokens = ctx.prompt_ids(request.prompt, "prompt")
+            tokens = ctx.prompt_ids(request.prompt, "prompt", special=ctx.text_special(request.split_special_tokens))
         return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens)})
 
     @app.post("/tokenize")
@@ -163,7 +163,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             messages = [{"role": m.role, "content": m.text()} for m in request.messages]
             tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
         else:
-            tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False)
+            tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False,
+                                          special=ctx.text_special(request.split_special_tokens))
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len})
 
     @app.get("/tokenizer_info")
