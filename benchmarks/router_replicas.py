@@ -48,6 +48,8 @@ def text(rng, words: int) -> str:
 
 MODEL: str | None = None  # --model; None: the bundled default model
 SYSTEM_WORDS = 260
+REPORT_INTERVAL_S = 1.0  # --report-interval-s: the router's default health interval (`ridgeline router`)
+PRIOR_PREFILL = 1500.0  # --prior-prefill-tokens-per-s: the rate the router starts from, then learns
 
 
 def make_engine(kv: str) -> LLMEngine:
@@ -70,10 +72,10 @@ async def run_workload(router: Router, prompts: list[list[int]], concurrency: in
             prefilled.append(len(prompt) - last.num_cached_tokens)
             ttfts.append(first)
 
-    async def reports() -> None:
+    async def reports() -> None:  # the router's health checks, which carry the workers' reports
         while True:
             await router.probe_all()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(REPORT_INTERVAL_S)
 
     reporter = asyncio.create_task(reports())
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -86,7 +88,7 @@ async def run_workload(router: Router, prompts: list[list[int]], concurrency: in
 def router_over(replicas: list, policy: str) -> Router:
     group = ModelGroup("gemma", 0.5, replicas, tokenizer=getattr(replicas[0], "tokenizer", None),
                        admission=getattr(replicas[0], "admission", None))
-    return Router([group], {r.name: Rates(1500.0, 60.0, "configured") for r in replicas}, policy=policy,
+    return Router([group], {r.name: Rates(PRIOR_PREFILL, 60.0, "configured") for r in replicas}, policy=policy,
                   health_interval_s=3600)
 
 
@@ -196,7 +198,7 @@ async def failover(engines: list[LLMEngine]) -> dict:
 
 
 def main() -> None:
-    global MODEL, SYSTEM_WORDS
+    global MODEL, SYSTEM_WORDS, REPORT_INTERVAL_S, PRIOR_PREFILL
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--ttft-requests", type=int, default=20)
@@ -205,15 +207,24 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=SYSTEM_WORDS, help="words per shared system prompt")
     parser.add_argument("--copy-penalty", type=float, default=replica_policy.COPY_PENALTY,
                         help="the replica policy's charge for copying a held prefix (0: the greedy per-request cost)")
+    parser.add_argument("--report-interval-s", type=float, default=REPORT_INTERVAL_S,
+                        help="seconds between the workers' reports to the router (its health checks; default: the "
+                             "router's default)")
+    parser.add_argument("--prior-prefill-tokens-per-s", type=float, default=PRIOR_PREFILL,
+                        help="the prefill rate the router starts from before it has measured any")
+    parser.add_argument("--affinity-only", action="store_true", help="run part 1 (and 2) only")
     parser.add_argument("--json")
     args = parser.parse_args()
     MODEL, SYSTEM_WORDS = args.model, args.system_words
+    REPORT_INTERVAL_S, PRIOR_PREFILL = args.report_interval_s, args.prior_prefill_tokens_per_s
     replica_policy.COPY_PENALTY = args.copy_penalty
     torch.set_num_threads(1)
     affinity, engines = asyncio.run(affinity_and_uniform(args.kv, args.requests))
     print(engines[0].capacity_report, file=sys.stderr)
     results = {"copy_penalty": args.copy_penalty, "affinity": affinity}
     print(json.dumps(results["affinity"], indent=1), flush=True)
+    if args.affinity_only:
+        return
     results["ttft"] = ttft_overhead(engines[0], args.ttft_requests)
     print(json.dumps(results["ttft"]), flush=True)
     results["failover"] = asyncio.run(failover(engines))

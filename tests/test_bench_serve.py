@@ -57,12 +57,26 @@ def stub_app(send_usage: bool = True) -> FastAPI:
     """Streams max_tokens words, two per chunk on every third chunk (so chunks != tokens), then usage."""
     app = FastAPI()
     app.state.usage = []
+    app.state.in_flight = app.state.peak_in_flight = 0
+    app.state.hold_until_in_flight = 0  # >0: each request waits (up to 10 s) until this many are in flight
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": "stub-model", "object": "model"}]}
 
     async def stream(body: dict, chat: bool):
+        app.state.in_flight += 1
+        app.state.peak_in_flight = max(app.state.peak_in_flight, app.state.in_flight)
+        try:
+            deadline = time.monotonic() + 10
+            while app.state.in_flight < app.state.hold_until_in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            async for event in _events(body, chat):
+                yield event
+        finally:
+            app.state.in_flight -= 1
+
+    async def _events(body: dict, chat: bool):
         prompt = body["messages"][0]["content"] if chat else body["prompt"]
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": body["max_tokens"]}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -210,3 +224,31 @@ def test_record_writes_a_trace_that_replays_and_simulates(stub, tmp_path):
     assert (level["completed"], level["output_tokens"], level["prompt_tokens"]) == (3, 12, 15)
     with pytest.raises(RidgelineError, match="drop --request-rate"):
         bench_serve(BenchServeConfig(base_url, trace=path), [LoadLevel(request_rate=1.0)])
+
+
+def test_a_trace_replays_every_request_at_its_arrival_without_a_concurrency_cap(stub, tmp_path):
+    """Without --concurrency, four requests arriving together are in flight together (the stub holds each until
+    all four are: sent one at a time, the first would wait out its 10 s and the peak would be 1)."""
+    from ridgeline.cli.bench_serve import load_levels
+    from ridgeline.sim.trace import TraceRequest, read_trace, write_trace
+
+    base_url, app = stub
+    trace = write_trace(tmp_path / "burst.jsonl", [TraceRequest(0.0, 4, None, f"w{i} w{i}", None) for i in range(4)])
+    levels = load_levels(None, None, trace=True)
+    assert levels == [LoadLevel()] and load_levels("2", None, trace=True) == [LoadLevel(concurrency=2)]
+    app.state.peak_in_flight, app.state.hold_until_in_flight = 0, 4
+    try:
+        started = time.monotonic()
+        report = bench_serve(BenchServeConfig(base_url, trace=trace, record=tmp_path / "sent.jsonl"), levels)
+        assert time.monotonic() - started < 10  # nobody waited out the stub's hold
+    finally:
+        app.state.hold_until_in_flight = 0
+    assert app.state.peak_in_flight == 4
+    (level,) = report["levels"]
+    assert level["completed"] == 4 and level["load"] == {"concurrency": None, "request_rate": None}
+    # Recorded as sent: each at its arrival (a cap that held one back would record when it went out).
+    assert [row.arrival_s for row in read_trace(tmp_path / "sent.jsonl")] == [0.0] * 4
+    capped = tmp_path / "capped.jsonl"
+    bench_serve(BenchServeConfig(base_url, trace=trace, record=capped), [LoadLevel(concurrency=1)])
+    sent = [row.arrival_s for row in read_trace(capped)]
+    assert sent[0] == 0.0 and all(later > 0 for later in sent[1:])  # held back by the cap: recorded when sent

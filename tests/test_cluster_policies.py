@@ -58,13 +58,30 @@ def test_load_is_counted_at_dispatch_and_corrected_by_reports():
     for i, tokens in enumerate([100, 200, 300]):
         loads.dispatched("r", f"q{i}", tokens)
     assert loads.of("r").prefill_backlog == 600 and loads.of("r").num_in_flight == 3
-    loads.report("r", received=2, queued_prefill_tokens=40)  # the first two were mostly cached
-    assert loads.of("r").prefill_backlog == 40 + 300  # the third was sent after the report was taken
-    loads.first_token("r", "q2")
-    assert loads.of("r").prefill_backlog == 40 and loads.of("r").num_decoding == 1
+    # The worker: q0 mostly cached, q1 not yet looked at, q2 not arrived (absent) - each keeps the router's count
+    # unless named with a figure.
+    loads.report("r", {"q0": 40, "q1": None})
+    assert loads.of("r").prefill_backlog == 40 + 200 + 300
+    loads.first_token("r", "q0")
+    assert loads.of("r").prefill_backlog == 500 and loads.of("r").num_decoding == 1
+    loads.report("r", {"q0": 0, "q1": 200, "q2": 300})  # a report never brings back a request past its prefill
+    assert loads.of("r").prefill_backlog == 500
     for i in range(3):
         loads.done("r", f"q{i}")
-    assert loads.of("r").num_in_flight == 0
+    assert loads.of("r").num_in_flight == 0 and loads.of("r").prefill_backlog == 0
+
+
+def test_a_reported_backlog_is_not_counted_after_its_requests_finish():
+    """The stale-load bug: a backlog reported once per health check stayed counted until the next report although
+    the requests behind it had been prefilled and finished. Now each request's count ends with it."""
+    loads = LoadTracker()
+    loads.dispatched("r", "q0", 1000)
+    loads.report("r", {"q0": 1000})
+    loads.first_token("r", "q0")
+    assert loads.of("r").prefill_backlog == 0
+    loads.dispatched("r", "q1", 16)  # sent after the report, with its prefix cached
+    loads.done("r", "q0")
+    assert loads.of("r").prefill_backlog == 16
 
 
 def test_prompt_hashes_are_the_engine_block_hashes():
@@ -148,6 +165,19 @@ def test_first_measurement_replaces_the_prior_later_ones_blend_in():
     assert rates.decode_tokens_per_s == 20
     rates.observe(100, 0.05, 10, 0.25)
     assert 1000 < rates.prefill_tokens_per_s < 2000 and 20 < rates.decode_tokens_per_s < 40
+
+
+def test_prefill_is_learnt_per_uncached_token_not_per_whole_step():
+    """Cache hits (16 uncached tokens) each wait out a 100 ms step; misses prefill 1,000 tokens at 1,000 tok/s on
+    top of it. Tokens over seconds per request would say ~160 tok/s for the hits; the fit finds the 1,000."""
+    from ridgeline.cluster.rates import Rates
+
+    rates = Rates(78.0, 10.0, "roofline")
+    for i in range(30):
+        tokens = 1000 if i % 4 == 0 else 16
+        rates.observe(tokens, 0.1 + tokens / 1000, 0, None)
+    assert rates.prefill_tokens_per_s == pytest.approx(1000, rel=0.01)
+    assert rates.prefill_fixed_s == pytest.approx(0.1, rel=0.01)
 
 
 # ------------------------------------------------------------ replica choice: prefix affinity against load

@@ -33,7 +33,7 @@ def test_burst_of_64_is_spread_by_load_counted_at_dispatch():
             assert all(o.finished and o.finish_reason == "length" for o in outputs)
             counts = sent(router, "m")
             assert sum(counts) == 64 and max(counts) <= 1.3 * min(counts), counts
-            assert all(router.loads.of(r).reported_backlog is None for r in ("m/0", "m/1"))
+            assert all(router.loads.of(r).reports == 0 for r in ("m/0", "m/1"))
             assert all(router.loads.of(r).num_in_flight == 0 for r in ("m/0", "m/1"))  # decremented on finish
         finally:
             await closed(router)

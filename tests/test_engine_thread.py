@@ -197,3 +197,21 @@ def test_backlog_counts_prompt_tokens_not_yet_computed(engine):
         time.sleep(0.01)
     assert driver.backlog().queued_prefill_tokens == 0
     driver.stop()
+
+
+def test_detailed_backlog_names_each_request_and_leaves_out_its_cached_prefix(engine):
+    from ridgeline.engine.engine_thread import _prefill_remaining
+
+    driver = EngineThread(engine, detailed_backlog=True).start()
+    shared = list(range(1, 65))  # four blocks of 16
+    first: queue.Queue = queue.Queue()
+    driver.submit([(add(engine, "first", shared + [70]), first.put)])
+    drain(first)
+    with driver.engine_lock:
+        driver.submit([(add(engine, "queued", shared + [71, 72]), print)])
+        assert driver.backlog().prefill_remaining["queued"] is None  # still in the inbox: not looked at
+        # As the engine thread computes it after a step, for a prompt waiting with its prefix cached.
+        engine.add_admitted("waiting", engine.admission.admit(shared + [73, 74, 75], SamplingParams(max_tokens=1)))
+        assert _prefill_remaining(engine.scheduler)["waiting"] == 3
+        engine.abort("waiting")
+    driver.stop()

@@ -83,3 +83,31 @@ def test_cli_errors_are_one_line(tmp_path):
     assert result.returncode == 1 and "kind must be one of" in result.stderr
     result = cli("quantize", str(tiny_model_path()), str(tmp_path / "o.gguf"), "--type", "q3_z")
     assert result.returncode == 1 and "unknown quantisation type" in result.stderr
+
+
+def test_the_replica_policy_is_the_configs_or_the_flags(tmp_path):
+    import pytest
+
+    from ridgeline.cli.router import with_policy
+    from ridgeline.cluster.config import parse_config
+    from ridgeline.errors import RidgelineError
+
+    backend = {"model": "m", "path": str(tiny_model_path()), "replicas": 2, "kv_cache_memory": "1MiB",
+               "kv_cache_dtype": "fp32", "prefill_tokens_per_s": 1000, "decode_tokens_per_s": 100}
+    assert parse_config({"backend": [backend]}).router.policy == "cost"
+    config = parse_config({"router": {"policy": "round_robin", "health_interval_s": 3600}, "backend": [backend]})
+    with pytest.raises(RidgelineError, match="policy must be one of cost, round_robin"):
+        parse_config({"router": {"policy": "random"}, "backend": [backend]})
+    assert with_policy(config, "cost").router.policy == "cost"
+    with pytest.raises(RidgelineError, match="policy"):
+        with_policy(config, "fastest")
+
+    async def main():
+        built = await build_router(config, hardware=next(iter(catalogue().values())))
+        try:
+            order = [built.router.rank("m", 10)[0].replica for _ in range(4)]
+            assert order == ["m/0", "m/1", "m/0", "m/1"]  # each in turn
+        finally:
+            await built.router.close()
+
+    asyncio.run(main())

@@ -2,7 +2,8 @@
 
 Bounded twice: by the number of prompts and by a wall-clock limit per load level (requests still running
 at the limit are cancelled and counted as failed). `--trace FILE` replays a trace (sim/trace.py: arrival times,
-prompts as text or token ids, output lengths) instead; `--record FILE` writes what was sent, with what each
+prompts as text or token ids, output lengths) instead, each request sent at its recorded arrival (no concurrency
+cap unless `--concurrency` gives one, as `simulate` replays it); `--record FILE` writes what was sent, with what each
 request measured, in that same format, so `ridgeline simulate` can replay it. Token counts come from the server's usage chunk
 (`stream_options.include_usage`), falling back to one token per streamed chunk.
 """
@@ -39,6 +40,8 @@ class LoadLevel:
     def label(self) -> str:
         if self.request_rate is not None:
             return f"rate {self.request_rate:g}/s" + (f", max {self.concurrency} in flight" if self.concurrency else "")
+        if self.concurrency is None:
+            return "arrivals uncapped"  # a trace's own arrival times, nothing held back
         return f"concurrency {self.concurrency}"
 
 
@@ -196,7 +199,10 @@ async def run_level(
 
         async def one(index: int, prompt: Prompt, delay_s: float) -> None:
             await asyncio.sleep(delay_s)
+            held = in_flight.locked()  # the concurrency cap holds it back: it is sent later than it arrived
             async with in_flight:
+                if held:
+                    sent[index] = time.perf_counter() - start
                 result = await send_request(client, config, model, prompt)
             results[index] = result
             on_done(result)
@@ -206,6 +212,7 @@ async def run_level(
             delays.append(clock if prompt.arrival_s is None else prompt.arrival_s)
             if level.request_rate:
                 clock += arrivals.expovariate(level.request_rate)
+        sent = dict(enumerate(delays))  # when each request went out: its arrival, unless the cap held it
         start = time.perf_counter()
         tasks = [asyncio.create_task(one(i, p, d)) for i, (p, d) in enumerate(zip(prompts, delays))]
         _, pending = await asyncio.wait(tasks, timeout=config.max_seconds)
@@ -216,7 +223,9 @@ async def run_level(
     for index in range(len(prompts)):
         results.setdefault(index, RequestResult(prompt="", error="cancelled at the time limit"))
     if config.record is not None:
-        record_trace(config.record, prompts, delays, [results[i] for i in range(len(prompts))])
+        # The arrival recorded is when the request was sent, as the TTFT beside it is measured from then.
+        record_trace(config.record, prompts, [sent[i] for i in range(len(prompts))],
+                     [results[i] for i in range(len(prompts))])
     summary = summarise(list(results.values()), duration, config.slo)
     return {"load": {"concurrency": level.concurrency, "request_rate": level.request_rate}, "model": model} | summary
 

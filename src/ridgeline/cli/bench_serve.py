@@ -27,10 +27,14 @@ def parse_list(text: str | None, kind: type, option: str) -> list:
     return values
 
 
-def load_levels(concurrency: str | None, request_rate: str | None) -> list[LoadLevel]:
+def load_levels(concurrency: str | None, request_rate: str | None, trace: bool = False) -> list[LoadLevel]:
+    """The load levels to run. A trace brings its arrival times: it is replayed as recorded, every request sent at
+    its arrival whatever is in flight (as `simulate` replays it), unless --concurrency caps it."""
     concurrencies = parse_list(concurrency, int, "--concurrency")
     rates = parse_list(request_rate, float, "--request-rate")
     if not rates:
+        if trace and not concurrencies:
+            return [LoadLevel()]
         return [LoadLevel(concurrency=c) for c in concurrencies or [1]]
     if len(concurrencies) > 1:
         raise RidgelineError("with --request-rate, --concurrency takes one value (the in-flight cap)")
@@ -43,7 +47,7 @@ def bench_serve_command(
     base_url: str = typer.Option(..., "--base-url", help="Server root, e.g. http://127.0.0.1:8000 (loopback only unless --allow-remote)."),
     model: str = typer.Option(None, "--model", help="Model name to request (default: the first the server lists)."),
     endpoint: str = typer.Option("completions", "--endpoint", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
-    concurrency: str = typer.Option(None, "--concurrency", help="Comma-separated fixed concurrency levels, e.g. 1,4,8,16 (default 1)."),
+    concurrency: str = typer.Option(None, "--concurrency", help="Comma-separated fixed concurrency levels, e.g. 1,4,8,16 (default 1; with --trace, none: every request at its recorded arrival)."),
     request_rate: str = typer.Option(None, "--request-rate", help="Comma-separated Poisson request rates (requests/s), one run each."),
     num_prompts: int = typer.Option(32, "--num-prompts", min=1, help="Requests per load level."),
     input_len: int = typer.Option(128, "--input-len", min=1, help="Synthetic prompt length in words (about one token each)."),
@@ -55,12 +59,12 @@ def bench_serve_command(
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--stop-at-eos", help="Ask the server to generate exactly --output-len tokens."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a server that is not on this machine."),
     seed: int = typer.Option(0, "--seed", help="Seed for synthetic prompts and Poisson arrivals."),
-    trace: Path = typer.Option(None, "--trace", help="Replay a JSONL trace (arrival_s, prompt or prompt_ids, output_tokens), as `simulate` reads it."),
+    trace: Path = typer.Option(None, "--trace", help="Replay a JSONL trace (arrival_s, prompt or prompt_ids, output_tokens) as recorded, each request at its arrival, as `simulate` reads it."),
     record: Path = typer.Option(None, "--record", help="Write the requests sent, with what each measured, as a replayable JSONL trace."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (includes roofline_points for `roofline --measured`)."),
     plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png, and from a ridgeline server PREFIX-roofline.png and .html: the run's steps on the roofline, as /dashboard draws them."),
 ) -> None:
-    levels = load_levels(concurrency, request_rate)
+    levels = load_levels(concurrency, request_rate, trace=trace is not None)
     config = BenchServeConfig(
         base_url=base_url.rstrip("/"),
         model=model,

@@ -9,7 +9,7 @@ from ridgeline.cli.app import app
 
 
 def run_router(config_path: Path, memory: str | None, host: str | None, port: int | None,
-               api_key: str | None = None) -> None:
+               api_key: str | None = None, policy: str | None = None) -> None:
     from ridgeline.cli.engine_options import parse_bytes
     from ridgeline.cluster.build import build_router
     from ridgeline.cluster.config import load_config
@@ -19,6 +19,8 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
 
     configure_logging()
     config = load_config(config_path)
+    if policy is not None:
+        config = with_policy(config, policy)
     budget = parse_bytes(memory) if memory else None
     settings = config.router
     server_config = ServerConfig(host=host or settings.host, port=port if port is not None else settings.port,
@@ -34,6 +36,13 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
     run_server(create_router_app(build, api_key=server_config.api_key), server_config)
 
 
+def with_policy(config, policy: str):
+    """The config with [router] policy replaced (by --policy)."""
+    from dataclasses import replace
+
+    return replace(config, router=replace(config.router, policy=policy))
+
+
 @app.command("router", help="Serve several models and replicas behind one OpenAI endpoint, with `auto` routing.")
 def router_command(
     config: Path = typer.Argument(..., help="Router config (TOML): [router] settings and [[backend]] entries."),
@@ -41,5 +50,6 @@ def router_command(
     host: str = typer.Option(None, "--host", help="Address to bind (default: the config's, else 127.0.0.1)."),
     port: int = typer.Option(None, "--port", min=0, max=65535, help="TCP port (default: the config's, else 8000)."),
     api_key: str = typer.Option(None, "--api-key", envvar="RIDGELINE_API_KEY", help="Require 'Authorization: Bearer KEY'."),
+    policy: str = typer.Option(None, "--policy", help="Which replica takes a request: cost (prefix cache and load, the default) or round_robin (overrides the config's [router] policy)."),
 ) -> None:
-    run_router(config, memory, host, port, api_key)
+    run_router(config, memory, host, port, api_key, policy)

@@ -104,7 +104,8 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
             group.admission = Admission(limits, group.tokenizer, GrammarCompiler(group.tokenizer, limits.vocab_size))
 
     s = config.router
-    router = Router(list(groups.values()), rates, s.threshold, s.expected_output_tokens, s.health_interval_s)
+    router = Router(list(groups.values()), rates, s.threshold, s.expected_output_tokens, s.health_interval_s,
+                    policy=s.policy)
     await router.start()
     if s.target_large_share is not None:
         if not s.calibration_sample:

@@ -7,6 +7,8 @@
     calibration_sample = "sample.jsonl"  # one {"prompt": ...} or {"messages": [...]} per line
     expected_output_tokens = 128       # decode length assumed when a request sets no max_tokens
     health_interval_s = 1.0
+    policy = "cost"                    # which replica takes a request: cost (prefix cache and counted load) or
+                                       #   round_robin (each replica in turn, blind to both: the baseline)
     memory = "16GB"                    # optional: load only the tiers that fit (same as --memory)
 
     [[backend]]                        # one entry per backend; entries naming one model are its replicas
@@ -28,6 +30,7 @@ from pathlib import Path
 from ridgeline.errors import RidgelineError
 
 KINDS = ("engine", "ray", "openai")
+POLICIES = ("cost", "round_robin")
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,14 @@ class RouterSettings:
     expected_output_tokens: int = 128
     health_interval_s: float = 1.0
     health_timeout_s: float = 5.0
+    policy: str = "cost"
     memory: str | None = None
     api_key: str | None = None
     ray_address: str | None = None  # None: a Ray backend starts a small local Ray cluster
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise RidgelineError(f"[router] policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,6 @@ class Cost:
 def predict(rates: Rates, load: ReplicaLoad, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> Cost:
     return Cost(
         queue_s=load.prefill_backlog / rates.prefill_tokens_per_s,
-        prefill_s=max(0, prompt_tokens - cached_tokens) / rates.prefill_tokens_per_s,
+        prefill_s=rates.prefill_fixed_s + max(0, prompt_tokens - cached_tokens) / rates.prefill_tokens_per_s,
         decode_s=output_tokens / rates.decode_tokens_per_s * (1 + load.num_decoding / DECODE_BATCH_KNEE),
     )

@@ -1,10 +1,15 @@
-"""Load counted at dispatch: a replica's load rises the moment a request is sent to it, not when the replica
-gets round to reporting it. Routers that count late send a whole burst to the replica that looked idle.
+"""Load counted at dispatch: a replica's load rises the moment a request is sent to it and falls the moment the
+router sees it progress, not when the replica gets round to reporting it. Routers that count late send a whole
+burst to the replica that looked idle; routers that trust a periodic snapshot keep counting work that finished
+since (a backlog reported once per health check, 1 s by default, is mostly gone by the time it is read).
 
-Per replica: requests in flight, and prompt tokens sent but not yet prefilled (each request's estimate is
-dropped when its first token arrives, and everything on finish, error or cancel). Each worker report corrects
-the estimate: its real backlog of uncomputed prompt tokens covers the first `received` requests it was sent, so
-the router adds only its own estimates for requests sent after that.
+Per replica: requests in flight, and for each the prompt tokens it still has to prefill. A request's count starts
+at what it is expected to prefill (its prompt less the prefix the router knows the replica holds), drops to zero
+when its first token arrives, and goes on finish, error or cancel: exact at every dispatch without any polling.
+Worker reports only correct it: each names, per request in flight, the prompt tokens it really has left (less what
+its prefix cache holds, which the router may not have known of, or more, if a block it counted on was evicted),
+and the router takes that figure for the request until the next report or its first token. A request a report
+does not name (not yet arrived there, or already past its prefill) keeps the router's own count.
 """
 
 from dataclasses import dataclass, field
@@ -13,19 +18,18 @@ from dataclasses import dataclass, field
 @dataclass
 class _Dispatch:
     ordinal: int  # this replica's count of requests sent, when this one was sent
-    prefill_tokens: int  # expected uncached prompt tokens
+    prefill_tokens: int  # uncached prompt tokens still to prefill, as best the router knows
     prefilled: bool = False
 
 
 @dataclass
 class ReplicaLoad:
     sent: int = 0
-    reported_backlog: int | None = None  # tokens, as of the worker's last report (None: never reported)
-    reported_received: int = 0
     in_flight: dict[str, _Dispatch] = field(default_factory=dict)
     # Running totals over in_flight, kept as requests come and go (the router reads them for every decision).
     num_decoding: int = 0
-    counted_prefill_tokens: int = 0  # expected tokens of requests not yet past their first token
+    counted_prefill_tokens: int = 0  # tokens of requests not yet past their first token
+    reports: int = 0  # worker reports applied
 
     @property
     def num_in_flight(self) -> int:
@@ -34,13 +38,7 @@ class ReplicaLoad:
     @property
     def prefill_backlog(self) -> int:
         """Prompt tokens waiting to be prefilled on this replica, as best the router knows now."""
-        if self.reported_backlog is None:
-            return self.counted_prefill_tokens
-        unseen = 0
-        if self.sent > self.reported_received:  # only requests sent after the report add to it
-            unseen = sum(d.prefill_tokens for d in self.in_flight.values()
-                         if not d.prefilled and d.ordinal > self.reported_received)
-        return self.reported_backlog + unseen
+        return self.counted_prefill_tokens
 
 
 class LoadTracker:
@@ -74,12 +72,16 @@ class LoadTracker:
             else:
                 load.counted_prefill_tokens -= dispatch.prefill_tokens
 
-    def report(self, replica: str, received: int, queued_prefill_tokens: int) -> None:
+    def report(self, replica: str, prefill_remaining: dict[str, int | None] | None) -> None:
+        """A worker's word on what its requests in flight still have to prefill (None for one it has not looked
+        at yet); the router's count of each request it names becomes that."""
+        if not prefill_remaining:
+            return
         load = self.of(replica)
-        load.reported_received = received
-        load.reported_backlog = queued_prefill_tokens
-
-    def forget_reports(self, replica: str) -> None:
-        """A replica that restarted: its old report says nothing about the new one."""
-        load = self.of(replica)
-        load.reported_backlog, load.reported_received, load.sent = None, 0, 0
+        load.reports += 1
+        for request_id, left in prefill_remaining.items():
+            dispatch = load.in_flight.get(request_id)
+            if left is None or dispatch is None or dispatch.prefilled:
+                continue
+            load.counted_prefill_tokens += left - dispatch.prefill_tokens
+            dispatch.prefill_tokens = left

@@ -55,3 +55,6 @@ class WorkerStatus:
     queued_prefill_tokens: int  # prompt tokens received but not yet computed (the worker's real backlog)
     cache_events: CacheEvents = field(default_factory=CacheEvents)
     error: str | None = None
+    # Per request in flight: prompt tokens it still has to prefill, cached prefix left out (None: not yet looked
+    # at). The router sets its own count of each request to this; requests absent keep the router's count.
+    prefill_remaining: dict[str, int | None] | None = None

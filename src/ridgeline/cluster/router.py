@@ -125,7 +125,7 @@ class Router:
                 logger.info(json.dumps({"event": "replica_rejoined", "replica": name}))
             if status is not None:
                 self.index.apply(name, status.cache_events)
-                self.loads.report(name, status.received, status.queued_prefill_tokens)
+                self.loads.report(name, status.prefill_remaining)
                 self.metrics.cached_blocks.labels(name).set(self.index.num_blocks(name))
         self._update_gauges(name)
 
@@ -135,7 +135,6 @@ class Router:
             logger.warning(json.dumps({"event": "replica_down", "replica": name, "reason": reason}))
         health.failed(reason)
         self.index.forget(name)  # a restarted worker starts cold
-        self.loads.forget_reports(name)
 
     def _update_gauges(self, name: str) -> None:
         load = self.loads.of(name)

@@ -53,7 +53,7 @@ class EngineWorker:
         self._events_lock = threading.Lock()
         self._events = CacheEvents()
         self.driver = EngineThread(engine, f"ridgeline-worker-{worker_id}", capacity=self.max_in_flight,
-                                   observers=[self._take_cache_events])
+                                   observers=[self._take_cache_events], detailed_backlog=True)
 
     def start(self) -> "EngineWorker":
         self.driver.start()
@@ -97,7 +97,8 @@ class EngineWorker:
         with self._events_lock:
             events, self._events = self._events, CacheEvents()
         return WorkerStatus(self.info.worker_id, self.alive, backlog.received, backlog.num_running,
-                            backlog.num_waiting, backlog.queued_prefill_tokens, events, self.error)
+                            backlog.num_waiting, backlog.queued_prefill_tokens, events, self.error,
+                            prefill_remaining=backlog.prefill_remaining)
 
     def stop(self) -> None:
         self.driver.stop()

@@ -44,14 +44,18 @@ class Admission:
     def max_seq_len(self) -> int:
         return self.limits.max_seq_len
 
-    def prompt_ids(self, prompt: str | list[int], *, special: bool = False) -> list[int]:
-        """Token ids of a text (`special`: parse special-token text, as rendered chat templates need) or of a
-        token-id prompt; refuses an empty prompt and ids outside the vocabulary."""
+    def prompt_ids(self, prompt: str | list[int], *, special: bool | None = None) -> list[int]:
+        """Token ids of a text or of a token-id prompt (taken as it is); refuses an empty prompt and ids outside
+        the vocabulary. `special`: whether special-token text ("<bos>", "<start_of_turn>") in a text prompt becomes
+        the special token, as Hugging Face tokenizers and llama.cpp's parse_special do; None: yes, unless the
+        tokenizer's files say to split such text (split_special_tokens)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidParameterError("the prompt must not be empty", param="prompt")
             if self.tokenizer is None:
                 raise InvalidParameterError("this engine takes token ids only (it has no tokenizer)", param="prompt")
+            if special is None:
+                special = not self.tokenizer.split_special_tokens
             ids = self.tokenizer.encode(prompt, special=special)
         else:
             ids = list(prompt)

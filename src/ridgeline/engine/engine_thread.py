@@ -56,13 +56,21 @@ class Backlog:
     num_running: int
     num_waiting: int
     queued_prefill_tokens: int  # prompt tokens submitted and not yet computed (queued messages included)
+    # Per request in flight, as of the last step: prompt tokens it still has to prefill, a waiting prompt's cached
+    # prefix left out (None: still queued for the engine, not yet looked at). Only with detailed_backlog.
+    prefill_remaining: dict[str, int | None] | None = None
 
 
 class EngineThread:
     def __init__(self, engine, name: str = "ridgeline-engine", *, capacity: int | None = None,
                  deliver: Callable[[list[Delivery]], None] | None = None,
-                 observers: Iterable[StepObserver] = (), handlers: Mapping[type, Handler] | None = None):
+                 observers: Iterable[StepObserver] = (), handlers: Mapping[type, Handler] | None = None,
+                 detailed_backlog: bool = False):
         self.engine = engine
+        # Whether backlog() breaks the prefill backlog down per request (a router's workers: their router corrects
+        # its own count of each request with it); costs a prefix-cache lookup per waiting prompt per step.
+        self.detailed_backlog = detailed_backlog
+        self._remaining: dict[str, int] = {}
         self.engine_lock = threading.Lock()
         self.capacity = capacity  # requests in flight (submitted, not yet finished) beyond which submit refuses
         self._deliver = deliver or run_sinks
@@ -125,8 +133,12 @@ class EngineThread:
     def backlog(self) -> Backlog:
         with self._wake:
             scheduler = self.engine.scheduler
+            remaining = None
+            if self.detailed_backlog:
+                remaining = dict[str, int | None](self._remaining)
+                remaining.update((m.request_id, None) for m in self._inbox if isinstance(m, AddRequest))
             return Backlog(self._received, scheduler.num_running, scheduler.num_waiting,
-                           self._uncomputed_tokens + self._queued_tokens)
+                           self._uncomputed_tokens + self._queued_tokens, remaining)
 
     def stop(self) -> None:
         """Apply what is queued (the aborts of a shutdown free their pages), then end the thread; whatever is still
@@ -189,10 +201,13 @@ class EngineThread:
                         return
                     outputs = engine.step() if engine.has_work() else []
                     uncomputed = _uncomputed_prompt_tokens(engine.scheduler)
+                    remaining = _prefill_remaining(engine.scheduler) if self.detailed_backlog else None
                     for observe in self.observers:
                         observe(outputs)
                 with self._wake:
                     self._uncomputed_tokens = uncomputed
+                    if remaining is not None:
+                        self._remaining = remaining
                     deliveries = []
                     for output in outputs:
                         sink = self._sinks.get(output.request_id)
@@ -231,6 +246,20 @@ class EngineThread:
 def _uncomputed_prompt_tokens(scheduler) -> int:
     return sum(max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
                for queue in (scheduler.waiting, scheduler.running) for seq in queue)
+
+
+def _prefill_remaining(scheduler) -> dict[str, int]:
+    """Prompt tokens each waiting or running sequence still has to prefill; for a prompt not yet started, what its
+    prefix cache lookup would leave (a prompt whose prefix is cached costs only the rest)."""
+    remaining = {}
+    for queue in (scheduler.waiting, scheduler.running):
+        for seq in queue:
+            left = max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
+            if left and seq.num_computed_tokens == 0 and not any(seq.block_tables):
+                cached = scheduler.block_manager.find_cached_prefix(seq)
+                left -= len(cached[0]) * scheduler.block_manager.block_size if cached else 0
+            remaining[seq.request_id] = max(0, left)
+    return remaining
 
 
 def run_sinks(deliveries: list[Delivery]) -> None:

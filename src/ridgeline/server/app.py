@@ -1,6 +1,7 @@
 """The FastAPI application: OpenAI-compatible routes over one engine, plus health, metrics, (de)tokenize and
 the tokenizer's configuration."""
 
+import asyncio
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -83,7 +84,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         nonlocal kv_server
         await driver.start()
         if config.role == "prefill":
-            role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_lock)
+            role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_access())
             kv_server = ZmqKVServer(role.kv_source, config.kv_bind, link_bytes_per_second=config.kv_link_bytes_per_second)
             role.kv_address = advertised(kv_server.address, config.kv_advertise_host)
         yield
@@ -127,13 +128,12 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        with driver.engine_lock:  # pages freed off the engine thread (a KV source's Done) count at once
-            metrics.observe_engine(engine.stats())
+        # The engine's gauges are those of its last published snapshot (after every step, and after pages freed
+        # off the engine thread): a scrape never takes the engine lock, which a long prefill step holds for
+        # seconds, and so never stalls this event loop (health checks, every stream).
         if kv_server is not None:
             metrics.kv_pages_sent.set(kv_server.pages_sent)
             metrics.kv_bytes_sent.set(kv_server.page_bytes_sent)
-        if role.kv_source is not None:
-            metrics.kv_held_requests.set(len(engine.scheduler.held))
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post("/v1/kv/release")
@@ -141,7 +141,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         """A front's word that nobody will collect a request's pages (its client left between prefill and decode)."""
         if role.kv_source is None:
             raise APIError(400, "this server is not a prefill worker", "request_id")
-        role.kv_source.drop(request.request_id)
+        await asyncio.to_thread(role.kv_source.drop, request.request_id)  # takes the engine: off the event loop
         return JSONResponse({"released": request.request_id})
 
     @app.post("/v1/kv/lookup")
@@ -153,7 +153,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             messages = [{"role": m.role, "content": m.text()} for m in request.messages]
             tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
         else:
-            tokens = ctx.prompt_ids(request.prompt, "prompt")
+            tokens = ctx.prompt_ids(request.prompt, "prompt", special=ctx.text_special(request.split_special_tokens))
         return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens)})
 
     @app.post("/tokenize")
@@ -163,7 +163,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             messages = [{"role": m.role, "content": m.text()} for m in request.messages]
             tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
         else:
-            tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False)
+            tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False,
+                                          special=ctx.text_special(request.split_special_tokens))
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len})
 
     @app.get("/tokenizer_info")

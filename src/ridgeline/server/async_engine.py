@@ -10,15 +10,42 @@ dead or full, the drain on shutdown, and the server's metrics and dashboard feed
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from ridgeline.cluster.kv_transfer.receiver import KVTransport
 from ridgeline.engine.engine_thread import Delivery, EngineDeadError, EngineRefused, EngineThread, run_sinks
+from ridgeline.engine.outputs import EngineStats
 from ridgeline.engine.messages import AbortRequest, AddRequest, ReceiveKV
 from ridgeline.server.errors import APIError
 from ridgeline.server.kv_intake import KVIntake
 from ridgeline.server.metrics import ServerMetrics
 
 __all__ = ["AsyncEngine", "EngineDeadError", "Submission"]
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state as its last step (or last off-thread change) left it, for readers on the event loop."""
+
+    stats: EngineStats
+    num_held: int  # requests whose pages wait for a decode worker to collect them (a prefill worker's)
+    time: float  # time.monotonic() when it was taken
+
+
+class PublishingLock:
+    """engine_lock that publishes a new snapshot on release (reusable: `with lock:` any number of times)."""
+
+    def __init__(self, driver: "AsyncEngine"):
+        self._driver = driver
+
+    def __enter__(self) -> None:
+        self._driver.engine_lock.acquire()
+
+    def __exit__(self, *_) -> None:
+        try:
+            self._driver.publish()
+        finally:
+            self._driver.engine_lock.release()
 
 
 class Submission:
@@ -60,6 +87,9 @@ class AsyncEngine:
         # prefill worker's KV source reading held pages from its own thread).
         self.engine_lock = self.thread.engine_lock
         KVIntake(kv_transport, metrics).install(self.thread)  # a decode worker's ReceiveKV
+        # What /metrics (and anything else on the event loop) reads: swapped whole by publish(), never the engine
+        # itself, so a scrape never waits for the lock a long step holds.
+        self.snapshot = self._take_snapshot()
         self.accepting = True
         self._submissions: set[Submission] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,12 +148,28 @@ class AsyncEngine:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(run_sinks, deliveries)
 
-    # ------------------------------------------------------------ engine-thread side
+    # ------------------------------------------------------------ engine-thread side (or engine_lock held)
+
+    def engine_access(self) -> "PublishingLock":
+        """A lock for holding the engine off the engine thread (a prefill worker's KV source freeing pages): it is
+        engine_lock, and it publishes what the holder changed before letting go, so the next scrape counts those
+        pages at once."""
+        return PublishingLock(self)
+
+    def publish(self) -> None:
+        """Take a new snapshot of the engine and set the engine gauges from it. Only with engine_lock held: after
+        every step on the engine thread, and by engine_access()."""
+        self.snapshot = self._take_snapshot()
+        self.metrics.observe_engine(self.snapshot.stats)
+        self.metrics.kv_held_requests.set(self.snapshot.num_held)
+
+    def _take_snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(self.engine.stats(), len(self.engine.scheduler.held), time.monotonic())
 
     def _observe(self, outputs: list) -> None:
         if self.feed is not None:  # the dashboard's view of the engine, taken under its lock
             self.feed.observe(outputs)
-        self.metrics.observe_engine(self.engine.stats())
+        self.publish()
         for output in outputs:
             if output.finished:
                 self.metrics.observe_finished(output)

@@ -75,7 +75,8 @@ class CompletionJob:
         self.id = new_request_id("cmpl")
         self.started = time.monotonic()
         self.prompts = request.prompts()
-        self.prompt_ids = [ctx.prompt_ids(p, "prompt") for p in self.prompts]
+        special = ctx.text_special(request.split_special_tokens)
+        self.prompt_ids = [ctx.prompt_ids(p, "prompt", special=special) for p in self.prompts]
         want_prompt_logprobs = request.echo and request.logprobs is not None
         params = sampling_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
                                  prompt_logprobs=request.logprobs if want_prompt_logprobs else None,

@@ -137,8 +137,9 @@ class DisaggregatedFront:
                 ids = prompt  # token ids already
             else:
                 ask = {"messages": body["messages"]} if "messages" in body else {"prompt": prompt}
-                if "add_generation_prompt" in body:
-                    ask["add_generation_prompt"] = body["add_generation_prompt"]
+                for key in ("add_generation_prompt", "split_special_tokens"):  # tokenized as the request will be
+                    if key in body:
+                        ask[key] = body[key]
                 tokenized = await self.client.post(f"{prefill_url}/tokenize", json=ask)
                 if tokenized.status_code != 200:
                     return False  # let the decode worker answer whatever is wrong with it

@@ -108,8 +108,15 @@ PromptField = (
 )
 
 
+# Special-token text in a text prompt ("<bos>", "<start_of_turn>") is the special token, as Hugging Face tokenizers,
+# vLLM and llama-server read it; true keeps it plain text (the Hugging Face tokenizer option of this name). A
+# token-id prompt is taken as it is either way.
+SPLIT_SPECIAL_TOKENS_DEFAULT = False
+
+
 class CompletionRequest(SamplingFields):
     prompt: PromptField
+    split_special_tokens: bool = SPLIT_SPECIAL_TOKENS_DEFAULT
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
@@ -247,8 +254,9 @@ class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool = True  # BOS, where the model wants one
     add_generation_prompt: bool = True
+    split_special_tokens: bool = SPLIT_SPECIAL_TOKENS_DEFAULT
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> "TokenizeRequest":

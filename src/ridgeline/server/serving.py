@@ -43,9 +43,10 @@ class ServingContext:
         if model is not None and model != self.model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model", "model_not_found")
 
-    def prompt_ids(self, prompt: str | list[int], param: str, *, special: bool = False) -> list[int]:
-        """Token ids of a text or token-list prompt (with BOS as the model asks); a 400 naming `param` if it is
-        empty or holds ids outside the vocabulary."""
+    def prompt_ids(self, prompt: str | list[int], param: str, *, special: bool | None = None) -> list[int]:
+        """Token ids of a text or token-list prompt (with BOS as the model asks, special-token text parsed unless
+        `special` is False: Admission.prompt_ids); a 400 naming `param` if it is empty or holds ids outside the
+        vocabulary."""
         try:
             return self.admission.prompt_ids(prompt, special=special)
         except RidgelineError as error:
@@ -54,6 +55,11 @@ class ServingContext:
     def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.prompt_ids(text, "messages", special=True)
+
+    def text_special(self, split_special_tokens: bool) -> bool:
+        """Whether special-token text in a request's text prompt is parsed: unless the request (its
+        `split_special_tokens`) or the tokenizer's files ask to keep it plain text."""
+        return not (split_special_tokens or self.tokenizer.split_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")

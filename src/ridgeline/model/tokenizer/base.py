@@ -38,6 +38,7 @@ class Tokenizer(ABC):
         add_bos: bool,
         chat_template: str | None,
         strip_leading_space: bool = False,
+        split_special_tokens: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
         self.bos_id = bos_id
@@ -47,6 +48,10 @@ class Tokenizer(ABC):
         self.chat_template = chat_template  # the file's own; None when it has none
         # Vocabularies that prepend a space when encoding drop it again when decoding from the start.
         self.strip_leading_space = strip_leading_space
+        # Whether special-token text in a prompt ("<bos>", "<start_of_turn>") stays plain text by default. False, as
+        # in Hugging Face tokenizers, vLLM and llama.cpp (parse_special): such text becomes the special token.
+        # True only where the tokenizer files ask for it (tokenizer_config.json's split_special_tokens).
+        self.split_special_tokens = split_special_tokens
 
     @abstractmethod
     def encode_text(self, text: str, special: bool) -> list[int]:

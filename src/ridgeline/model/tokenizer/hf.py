@@ -91,6 +91,7 @@ def tokenizer_from_hf_dir(path: str | Path) -> HfTokenizer:
         add_bos=bos_id is not None and bos_id in backend.encode("", add_special_tokens=True).ids,
         chat_template=_chat_template(path, config),
         strip_leading_space=any(_prepends_space(step) for step in decoder_steps),
+        split_special_tokens=config.get("split_special_tokens") is True,
     )
 
 
