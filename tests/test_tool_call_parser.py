@@ -97,3 +97,16 @@ def test_a_template_with_a_tool_section_gets_tools_and_calls_as_objects():
     messages, template_tools = present_tools(history, tools, takes_tools=True)
     assert template_tools == [tools[0].as_openai()]
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+
+
+def test_a_forced_answer_is_only_its_calls_and_parallel_calls_are_bounded():
+    from ridgeline.tool_calls import ToolChoice, Toolset, tool_call_grammar
+    from ridgeline.tool_calls.grammar import MAX_PARALLEL_CALLS
+
+    toolset = Toolset([FunctionTool("add")], ToolChoice("required"))
+    one = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    content, calls = toolset.read(f"{one}{one}\n<tool_call>{{")  # a third call cut short by max_tokens
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("add", "{}")] * 2
+    grammar = tool_call_grammar(toolset.tools, toolset.choice)
+    assert grammar.count("(call") == MAX_PARALLEL_CALLS - 1
+    assert "(call" not in tool_call_grammar(toolset.tools, ToolChoice("required", parallel=False))

@@ -9,6 +9,11 @@ from ridgeline.json_schemas import closed_objects
 from ridgeline.tool_calls.spec import FunctionTool, ToolChoice
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+# Calls one answer may make with parallel_tool_calls. A bound, because a small model that may always add one more
+# call does: Gemma 3 270M asked for the weather in Paris wrote the same call until max_tokens ran out. Calls follow
+# each other with nothing between: offered a "\n" after a call, that model always took it and went on to another
+# call (5 of 5), offered only the next call's tag or the end of its turn, it ended (1 call).
+MAX_PARALLEL_CALLS = 5
 # The JSON as the structured-outputs compiler writes it (engine/structured/compiler.py): no free whitespace.
 JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
@@ -24,7 +29,9 @@ def tool_call_grammar(tools: list[FunctionTool], choice: ToolChoice, answer_sche
     callable_tools = [t for t in tools if choice.mode != "function" or t.name == choice.name]
     rules = [f"fn{i}: %json {json.dumps(call_schema(tool))}" for i, tool in enumerate(callable_tools)]
     call = f'call: "{CALL_OPEN}" ({" | ".join(f"fn{i}" for i in range(len(callable_tools)))}) "{CALL_CLOSE}"'
-    calls = 'calls: call ("\\n" call)*' if choice.parallel and choice.mode != "function" else "calls: call"
+    parallel = choice.parallel and choice.mode != "function"
+    calls = "calls: call" + " (call" * (MAX_PARALLEL_CALLS - 1) + ")?" * (MAX_PARALLEL_CALLS - 1) if parallel \
+        else "calls: call"
     if answer_schema is not None:
         start = "start: calls | answer"
         rules.append(f"answer: %json {json.dumps({**closed_objects(answer_schema), 'x-guidance': JSON_STYLE})}")

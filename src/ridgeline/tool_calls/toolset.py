@@ -46,7 +46,10 @@ class Toolset:
         """A whole answer's content (None when it is only calls) and calls."""
         if not self.active:
             return text, []
-        return parse_tool_calls(text, self.names)
+        content, calls = parse_tool_calls(text, self.names)
+        if self.choice.forces_call:  # the grammar allowed only calls: the rest is separators, or a call cut short
+            return None, calls
+        return content, calls
 
     def stream(self) -> ToolCallStream:
         """A reader of one streamed answer; a forced call's arguments stream as they are written."""
