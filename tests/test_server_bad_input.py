@@ -188,3 +188,27 @@ def test_past_the_waiting_queue_requests_get_503_with_retry_after(server):
     assert_error(refused, 503)
     assert int(refused.headers["Retry-After"]) >= 1
     assert_serving(server)
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.mark.parametrize("body, param", [
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "deep", "schema": _nested(300)}}),
+     "response_format"),
+    (chat(tools=[{"type": "function", "function": {"name": "f", "parameters": _nested(300)}}]), "tools.0.function.parameters"),
+    (completion(guided_json=json.dumps(_nested(300))), "guided_json"),
+    (completion(structured_outputs={"regex": r"[^\s\S]"}), "structured_outputs"),  # matches no text at all
+    (chat(tools=[{"type": "function", "function": {"description": "no name"}}]), "tools.0.function.name"),
+], ids=["nested 300 deep", "a tool's parameters nested 300 deep", "guided_json text nested 300 deep",
+        "a regex that matches nothing", "a tool with no name"])
+def test_hostile_constraints_are_refused_quickly_naming_their_field(server, body, param):
+    path = CHAT if "messages" in body else C
+    assert_error(post(server, path, body), 400, param)
+    ok = post(server, CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": _nested(40)}},
+                                 max_tokens=2))
+    assert ok.status_code == 200  # a deep but sane schema is served, and the server is unharmed

@@ -35,3 +35,28 @@ def closed_objects(schema: Any) -> Any:
     if isinstance(schema.get("properties"), dict) and not any(k in schema for k in _OPEN_KEYWORDS):
         closed["additionalProperties"] = False
     return closed
+
+
+# What one schema may hold: OpenAI's own limit on properties (5,000 in all), and a depth of JSON nesting (an
+# object nested in an object is two: its "properties" map, then itself) far beyond any real schema's but well
+# inside what Python's recursion (json.dumps, the cache key) survives.
+MAX_PROPERTIES = 5000
+MAX_DEPTH = 256
+
+
+def schema_too_large(schema: Any) -> str | None:
+    """Why `schema` is beyond those limits, or None. Walked with a stack, not recursion, so any depth is safe."""
+    properties, stack = 0, [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"its JSON nests deeper than {MAX_DEPTH} levels"
+        if isinstance(value, dict):
+            if isinstance(value.get("properties"), dict):
+                properties += len(value["properties"])
+                if properties > MAX_PROPERTIES:
+                    return f"it has more than {MAX_PROPERTIES} properties in all"
+            stack.extend((child, depth + 1) for child in value.values())
+        elif isinstance(value, list):
+            stack.extend((child, depth + 1) for child in value)
+    return None

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ridgeline.errors import InvalidParameterError
+from ridgeline.json_schemas import schema_too_large
 
 # OpenAI's rule for function names.
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -52,6 +53,9 @@ def check_tools(tools: list[FunctionTool], choice: ToolChoice) -> None:
         seen.add(tool.name)
         if not isinstance(tool.parameters, dict):
             raise InvalidParameterError(f"tools[{index}].function.parameters must be a JSON schema object",
+                                        param=f"tools.{index}.function.parameters")
+        if (problem := schema_too_large(tool.parameters)) is not None:
+            raise InvalidParameterError(f"tools[{index}].function.parameters is too large: {problem}",
                                         param=f"tools.{index}.function.parameters")
     if choice.forces_call and not tools:
         raise InvalidParameterError(f"tool_choice {choice.mode!r} needs at least one tool in 'tools'",

@@ -12,8 +12,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import llguidance
+import numpy as np
 
-from ridgeline.json_schemas import closed_objects
+from ridgeline.json_schemas import closed_objects, schema_too_large
 from ridgeline.engine.structured.matcher import GrammarMatcher
 from ridgeline.engine.structured.params import StructuredOutputsParams
 from ridgeline.engine.structured.vocabulary import grammar_tokenizer
@@ -86,6 +87,8 @@ class GrammarCompiler:
         pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
         if pristine.is_error():
             self._refuse(spec, pristine.get_error())
+        if not pristine.is_accepting() and _takes_nothing(pristine.deep_copy(), self.vocab_size):
+            self._refuse(spec, "it matches no text at all")  # else the answer would be empty, and look valid
         compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started)
         with self._lock:
             self.stats.compiled += 1
@@ -129,6 +132,17 @@ def _schema_object(schema: str | dict) -> dict:
         parsed = json.loads(schema)
     except json.JSONDecodeError as error:
         raise ValueError(f"the schema is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError("the schema nests too deep to read") from None
     if not isinstance(parsed, dict):
         raise ValueError("a JSON schema must be an object")
+    if (problem := schema_too_large(parsed)) is not None:
+        raise ValueError(f"the JSON schema is too large: {problem}")
     return parsed
+
+
+def _takes_nothing(matcher: llguidance.LLMatcher, vocab_size: int) -> bool:
+    """Whether a fresh matcher allows no first token: llguidance stops it when its first mask comes out empty."""
+    words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    return matcher.is_stopped() or matcher.is_error() or not words.any()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ridgeline.errors import InvalidParameterError
+from ridgeline.json_schemas import schema_too_large
 
 # Bounds on what one request may send: the grammar engine has its own limits on what it builds, these keep a
 # request's text itself from being the cost.
@@ -48,6 +49,8 @@ class StructuredOutputsParams:
                 f"{', '.join(given) if given else 'none'}", param=self.source)
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise InvalidParameterError(f"{self.source}: a JSON schema must be an object", param=self.source)
+        if isinstance(self.json, dict) and (problem := schema_too_large(self.json)) is not None:
+            raise InvalidParameterError(f"{self.source}: the JSON schema is too large: {problem}", param=self.source)
         if self.choice is not None:
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise InvalidParameterError(f"{self.source}: choice must be a non-empty list of non-empty strings",
