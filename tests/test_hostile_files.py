@@ -176,7 +176,7 @@ def test_the_seed_configs_load(tmp_path):
 # ------------------------------------------------------------------ short coverage-guided runs
 
 
-@pytest.mark.parametrize("target, runs", [("fuzz_gguf.py", 3000), ("fuzz_hf_config.py", 1500)])
+@pytest.mark.parametrize("target, runs", [("fuzz_gguf.py", 3000), ("fuzz_hf_config.py", 1500), ("fuzz_constraints.py", 600)])
 def test_a_short_atheris_run_finds_nothing(target, runs):
     pytest.importorskip("atheris")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")])}
