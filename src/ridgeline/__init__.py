@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "EngineConfig", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str):
@@ -19,4 +19,8 @@ def __getattr__(name: str):
         from ridgeline.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from ridgeline.engine.structured import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(name)
