@@ -48,7 +48,8 @@ logger = logging.getLogger("ridgeline.server.front")
 WORKER_GONE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 REPREFILLS_HEADER = "x-ridgeline-reprefills"
 RETRY_AFTER_SECONDS = "1"
-# A decode worker's 503s that say the worker itself cannot take it now (not the pages): the pool's next one may.
+# A decode worker's 503s that say the worker itself cannot take it now (not the pages): the pool's next one may
+# (as after its 5xx other than 503: one that fails as it is restarted).
 DECODE_GONE_CODES = ("shutting_down", "engine_dead")
 
 
@@ -235,7 +236,9 @@ class DisaggregatedFront:
                 code = _error_code(content)
                 if upstream.status_code == 503 and code == "kv_pages_gone":
                     raise _PagesGone(json.loads(content)["error"]["message"])
-                if upstream.status_code == 503 and code in DECODE_GONE_CODES and attempt == 0:
+                failed_itself = (upstream.status_code == 503 and code in DECODE_GONE_CODES
+                                 or upstream.status_code >= 500 and upstream.status_code != 503)
+                if failed_itself and attempt == 0:  # shutting down, dying (a 500 as it cancels): the next one
                     gone = RuntimeError(content.decode(errors="replace"))
                     await self._refresh()
                     decode_url = self._pick("decode")
@@ -248,7 +251,9 @@ class DisaggregatedFront:
                 if 400 <= upstream.status_code < 500:  # a request its prefill took: the fault is not the client's
                     return error_response(502, f"decode worker {decode_url} refused a prefilled request: "
                                                f"{content.decode(errors='replace')[:500]}", code="decode_failed")
-                return Response(content, upstream.status_code, media_type="application/json")
+                return error_response(503, f"decode worker {decode_url} failed ({upstream.status_code}): "
+                                           f"{content.decode(errors='replace')[:500]}", code="decode_failed",
+                                      headers={"Retry-After": RETRY_AFTER_SECONDS})
             self.failures.labels("connect").inc()
             await self._release(prefill_url, kv)
             return error_response(503, f"no decode worker could take the request: {gone!r}",
