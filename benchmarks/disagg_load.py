@@ -43,7 +43,8 @@ def words(count: int, rng: random.Random) -> str:
 
 def requests(args: argparse.Namespace) -> list[tuple[str, int]]:
     rng = random.Random(args.seed)
-    return [(words(rng.randint(1, args.max_words), rng), rng.choice((4, 32, 128))) for _ in range(args.requests)]
+    choices = tuple(int(m) for m in args.max_tokens.split(","))
+    return [(words(rng.randint(1, args.max_words), rng), rng.choice(choices)) for _ in range(args.requests)]
 
 
 async def probe(client: httpx.AsyncClient, model: str) -> list[str]:
@@ -159,10 +160,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--max-words", type=int, default=900)
     parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--max-tokens", default="4,32,128", help="each request's max_tokens, drawn from these")
     parser.add_argument("--leave-fraction", type=float, default=0.0)
     parser.add_argument("--kv-cache-memory", default="512MiB", help="each worker's")
     parser.add_argument("--decode-kv-cache-memory", default=None, help="the decode worker's, if not --kv-cache-memory")
     parser.add_argument("--proxy-args", default="", help="extra `ridgeline proxy` options, space-separated")
+    parser.add_argument("--decode-args", default="", help="extra options of the decode worker, space-separated")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     model = ["--model", args.model] if args.model else []
@@ -180,12 +183,16 @@ def main() -> None:
                                           args.kv_cache_memory], log_name="load-prefill")
             processes.append(prefill)
             decode, decode_url = start(["serve", *model, "--role", "decode", "--threads", "1", "--kv-cache-memory",
-                                        decode_kv], log_name="load-decode")
+                                        decode_kv, *args.decode_args.split()], log_name="load-decode")
             processes.append(decode)
             proxy, url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url,
                                 *args.proxy_args.split()], log_name="load-proxy")
             processes.append(proxy)
         summary = asyncio.run(run(url, args))
+        if not args.url and not args.ray:  # the decode worker's KV, for how many requests' pages it holds
+            metrics = httpx.get(f"{decode_url}/metrics", timeout=60).text
+            summary["decode_kv_pages"] = counter(metrics, "ridgeline_kv_cache_total_pages")
+            summary["decode_kv_transfers_failed"] = counter(metrics, "ridgeline_kv_transfers_failed_total")
     finally:
         for process in processes:
             process.kill()
