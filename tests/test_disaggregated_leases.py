@@ -359,3 +359,29 @@ def test_a_full_decode_queue_is_refused_before_any_prefill_is_spent(expected):
             room.set()
             asking.join(30)
             assert outcome.get("answer") == expected, outcome.get("error")
+
+
+def test_a_prefilled_request_the_decode_worker_has_no_room_for_yet_waits_at_the_front(expected):
+    """The decode worker's queue filled while a request was being prefilled (its lookup said it took more; here
+    the lookup is skipped to make that so). The prefill is spent: the front keeps the pages' lease alive and
+    offers the request again until the queue has room, within its handoff wait, instead of refusing it."""
+    decode_engine = tiny_engine()
+    room = without_room(decode_engine)
+    with serve("decode", engine=decode_engine, max_kv_waiting=1) as decode, \
+            serve("prefill", kv_lease_seconds=1.0) as prefill, front(prefill.url, decode.url) as proxy:
+        first, first_outcome = ask(proxy.url)
+        wait_for(lambda: kv_waiting(decode.url) == 1)
+
+        async def remote(*_):
+            return "remote"
+
+        proxy.server.config.app.state.front._where_to_prefill = remote  # a lookup from before the queue filled
+        second, second_outcome = ask(proxy.url)
+        wait_for(lambda: metric(prefill.url, "ridgeline_kv_held_requests") == 2)  # prefilled, refused for now
+        time.sleep(1.5)  # longer than the lease: the front keeps it
+        room.set()
+        for asking, outcome in ((first, first_outcome), (second, second_outcome)):
+            asking.join(30)
+            assert outcome.get("answer") == expected, outcome.get("error")
+        assert metric(proxy.url, "ridgeline_front_refusals_total") == 0
+        assert metric(prefill.url, "ridgeline_kv_held_requests") == 0

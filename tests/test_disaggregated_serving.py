@@ -193,7 +193,7 @@ def test_a_request_waiting_for_room_on_the_decode_worker_keeps_its_prefill_pages
 
 def test_a_prefill_worker_lost_while_the_request_waits_for_room_fails_it_at_once(monkeypatch):
     with decode_worker_without_room(monkeypatch) as (decode, room), contextlib.ExitStack() as prefill_alive:
-        prefill = prefill_alive.enter_context(serve("prefill"))
+        prefill = prefill_alive.enter_context(serve("prefill", kv_lease_seconds=2.0))  # kept alive every 0.5 s
         with BackgroundServer(create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))) as proxy:
             asking, outcome = ask_in_background(proxy.url, PROMPTS[2])
             wait_for(lambda: metric(prefill.url, "ridgeline_kv_held_requests") == 1)

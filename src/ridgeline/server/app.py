@@ -162,7 +162,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens),
                              # whether a decode worker takes one more remote prefill now (a front refuses if not)
                              "accepting": driver.accepting and driver.healthy and intake.accepting,
-                             "kv_waiting": intake.num_waiting, "max_kv_waiting": intake.max_waiting})
+                             "kv_waiting": intake.num_waiting, "max_kv_waiting": intake.max_waiting,
+                             "max_model_len": ctx.max_model_len})
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:

@@ -51,6 +51,9 @@ RETRY_AFTER_SECONDS = "1"
 # A decode worker's 503s that say the worker itself cannot take it now (not the pages): the pool's next one may
 # (as after its 5xx other than 503: one that fails as it is restarted).
 DECODE_GONE_CODES = ("shutting_down", "engine_dead")
+# A decode worker's 503s that say it is full for now: a prefilled request waits for room (FrontConfig.handoff_wait).
+DECODE_FULL_CODES = ("kv_queue_full", "server_overloaded")
+HANDOFF_RETRY_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class FrontConfig:
     local_prefill_tokens: int = 64  # prompts whose uncached part is shorter are prefilled on the decode worker
     timeout: float = 600.0
     max_reprefills: int = 2  # prefills again of one request whose held pages were gone, before a 503
+    # A prefilled request the decode worker has no room to take yet (its KV queue full) waits here this long, its
+    # pages kept alive, before a 503: the prefill is spent already, and the queue drains as its requests pull.
+    handoff_wait: float = 30.0
 
 
 class StaticPool:
@@ -165,7 +171,7 @@ class DisaggregatedFront:
                     await self._release(prefill_url, kv)
                     return Response(status_code=204)
                 try:
-                    return await self._decode(decode_url, path, body, prefill_url, kv)
+                    return await self._decode(decode_url, path, body, prefill_url, kv, raw)
                 except _PagesGone as gone:
                     if reprefills[0] >= self.config.max_reprefills:
                         self.failures.labels("pages_gone").inc()
@@ -198,7 +204,8 @@ class DisaggregatedFront:
                             headers=_retry_after(prefilled))
         return prefilled.json().get("kv_transfer_params")
 
-    async def _decode(self, decode_url: str, path: str, body: dict, prefill_url: str, kv: dict) -> Response:
+    async def _decode(self, decode_url: str, path: str, body: dict, prefill_url: str, kv: dict,
+                      raw: Request) -> Response:
         """Hand the prefilled request to a decode worker; the pages' lease is kept alive until one has taken it.
         _PagesGone if the decode worker found them gone."""
         decode_body = {**body, "kv_transfer_params": {**kv, "do_remote_prefill": True}}
@@ -211,8 +218,10 @@ class DisaggregatedFront:
         self.leases.hold(lease, kv["remote_address"], kv["manifest"]["request_id"], kv.get("lease_seconds"))
         self._handing_over[decode_url] = self._handing_over.get(decode_url, 0) + 1
         handed_to = decode_url
+        full_until = asyncio.get_running_loop().time() + self.config.handoff_wait
         try:
-            for attempt in range(2):
+            attempt = 0
+            while attempt < 2:
                 request = self.client.build_request("POST", f"{decode_url}{path}", json=decode_body)
                 try:
                     upstream = await self.client.send(request, stream=True)
@@ -220,6 +229,7 @@ class DisaggregatedFront:
                     gone: Exception = error
                     await self._refresh()
                     decode_url = self._pick("decode")
+                    attempt += 1
                     continue
                 except httpx.HTTPError as error:
                     self.failures.labels("decode").inc()
@@ -241,6 +251,15 @@ class DisaggregatedFront:
                 if failed_itself and attempt == 0:  # shutting down, dying (a 500 as it cancels): the next one
                     gone = RuntimeError(content.decode(errors="replace"))
                     await self._refresh()
+                    decode_url = self._pick("decode")
+                    attempt += 1
+                    continue
+                if (upstream.status_code == 503 and code in DECODE_FULL_CODES
+                        and asyncio.get_running_loop().time() < full_until):
+                    await asyncio.sleep(HANDOFF_RETRY_SECONDS)  # full for now: wait for room, the lease kept
+                    if await raw.is_disconnected():
+                        await self._release(prefill_url, kv)
+                        return Response(status_code=204)
                     decode_url = self._pick("decode")
                     continue
                 await self._release(prefill_url, kv)
@@ -289,6 +308,9 @@ class DisaggregatedFront:
             answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json={"prompt": ids})
             held = answer.json()
             uncached = held["prompt_tokens"] - held["cached_tokens"]
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 1
+            if held.get("max_model_len") and held["prompt_tokens"] + int(max_tokens) > held["max_model_len"]:
+                return "local"  # longer than the decode worker can hold: it says so itself (its 400), no prefill spent
         except WORKER_GONE:
             raise  # looked for again
         except (httpx.HTTPError, KeyError, TypeError, ValueError):
