@@ -141,6 +141,10 @@ async def run(url: str, args: argparse.Namespace) -> dict:
         - counter(before, "ridgeline_front_reprefills_total"),
         "front_refusals": counter(after, "ridgeline_front_refusals_total")
         - counter(before, "ridgeline_front_refusals_total"),
+        "front_handoff_waits": counter(after, "ridgeline_front_handoff_waits_total")
+        - counter(before, "ridgeline_front_handoff_waits_total"),
+        "front_refusals_by_reason": {line.split('"')[1]: float(line.split()[-1]) for line in after.splitlines()
+                                     if line.startswith("ridgeline_front_refusals_total{")},
         "probes": probes,
         "examples": {outcome: next(r.get("body") for r in results if r["outcome"] == outcome)
                      for outcome in outcomes if outcome not in ("complete", "left")},

@@ -112,6 +112,8 @@ class DisaggregatedFront:
                                 registry=self.registry)
         self.reprefills = Counter("ridgeline_front_reprefills", "Prefills again of a request whose held KV pages "
                                   "were gone when its decode worker came for them.", registry=self.registry)
+        self.handoff_waits = Counter("ridgeline_front_handoff_waits", "Prefilled requests that waited here for a "
+                                     "decode worker whose KV queue was full.", registry=self.registry)
         self.refusals = Counter("ridgeline_front_refusals", "Requests answered 429/503 with Retry-After, before any "
                                 "byte of an answer, by why.", ["reason"], registry=self.registry)
 
@@ -219,6 +221,7 @@ class DisaggregatedFront:
         self._handing_over[decode_url] = self._handing_over.get(decode_url, 0) + 1
         handed_to = decode_url
         full_until = asyncio.get_running_loop().time() + self.config.handoff_wait
+        waited = False
         try:
             attempt = 0
             while attempt < 2:
@@ -256,6 +259,9 @@ class DisaggregatedFront:
                     continue
                 if (upstream.status_code == 503 and code in DECODE_FULL_CODES
                         and asyncio.get_running_loop().time() < full_until):
+                    if not waited:
+                        waited = True
+                        self.handoff_waits.inc()
                     await asyncio.sleep(HANDOFF_RETRY_SECONDS)  # full for now: wait for room, the lease kept
                     if await raw.is_disconnected():
                         await self._release(prefill_url, kv)
