@@ -384,4 +384,5 @@ def test_a_prefilled_request_the_decode_worker_has_no_room_for_yet_waits_at_the_
             asking.join(30)
             assert outcome.get("answer") == expected, outcome.get("error")
         assert metric(proxy.url, "ridgeline_front_refusals_total") == 0
+        assert metric(proxy.url, "ridgeline_front_handoff_waits_total") == 1
         assert metric(prefill.url, "ridgeline_kv_held_requests") == 0
