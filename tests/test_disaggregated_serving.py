@@ -15,7 +15,6 @@ import pytest
 
 from server_helpers import serve_tiny_model_process, tiny_engine
 
-from ridgeline.server import kv_intake
 from ridgeline.server.app import ServerConfig, create_app
 from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
 from ridgeline.server.launcher import BackgroundServer
@@ -30,7 +29,7 @@ def serve(role: str = "both", **options):
 
 def metric(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics").text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")))
 
 
 def assert_no_pages_leaked(*urls: str) -> None:
@@ -101,7 +100,9 @@ def test_a_prefill_worker_gone_before_the_pull_fails_the_request_cleanly():
             "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0,
             "kv_transfer_params": {**kv, "do_remote_prefill": True}}, timeout=30)
         assert time.monotonic() - started < 20  # the fetch deadline is 30 s: the failure came first
-        assert failed.status_code == 502 and failed.json()["error"]["code"] == "kv_transfer_failed"
+        # The request was valid and its pages are gone: a 503 a front answers by prefilling again.
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "kv_pages_gone"
+        assert failed.headers["retry-after"]
         assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
         assert_no_pages_leaked(decode.url)
 
@@ -117,9 +118,10 @@ def wait_for(condition, seconds: float = 60.0) -> None:
 def test_a_prefill_worker_killed_mid_transfer_fails_the_request_cleanly(stream):
     """The prefill worker's link is paced at 1 byte/s: its first page leaves at once, the next would take minutes,
     so "mid-transfer" is a state the test sees (pages sent > 0 on the prefill worker's /metrics), not a guess.
-    Killed there, the decode worker's socket monitor sees the connection drop: the client gets an explicit
-    kv_transfer_failed (a 502, or an error event in the stream), long before the 30 s fetch deadline, and the
-    decode worker holds no page for the request."""
+    Killed there, the decode worker's socket monitor sees the connection drop and answers 503 kv_pages_gone (a
+    stream starts only once the pages are in, so it is a status too); the front prefills again, finds no prefill
+    worker, and the client gets an explicit 503 with Retry-After, long before the 30 s fetch deadline. The decode
+    worker holds no page for the request."""
     with serve("decode") as decode, serve_tiny_model_process("--role", "prefill", "--kv-link-rate", "1") as (process, prefill):
         with BackgroundServer(create_front_app(FrontConfig((prefill,), (decode.url,), local_prefill_tokens=1))) as proxy:
             outcome: dict = {}
@@ -139,18 +141,17 @@ def test_a_prefill_worker_killed_mid_transfer_fails_the_request_cleanly(stream):
             asking.join(timeout=60)
             assert not asking.is_alive(), "the client is still waiting"
             assert time.monotonic() - killed < 15, "the failure must come from the dropped link, not a deadline"
+            assert metric(proxy.url, "ridgeline_front_reprefills_total") == 1
         assert "answer" not in outcome
-        assert "kv_transfer_failed" in str(outcome["error"]) or "KV transfer failed" in str(outcome["error"])
-        assert "after 1 of" in str(outcome["error"])  # mid-transfer: one page had arrived
+        assert outcome["error"].status_code == 503 and outcome["error"].response.headers["retry-after"]
         assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1
         assert_no_pages_leaked(decode.url)
 
 
 @contextlib.contextmanager
 def decode_worker_without_room(monkeypatch):
-    """A decode worker whose engine says "no room" to remote KV until `room` is set, and a prefill worker whose lease
-    on pages is 1 s, with keep-alives every 0.2 s: waiting for room outlasts the lease many times over."""
-    monkeypatch.setattr(kv_intake, "KEEP_ALIVE_SECONDS", 0.2)
+    """A decode worker whose engine says "no room" to remote KV until `room` is set (with a prefill worker whose
+    lease on pages is 1 s, kept alive every 0.25 s: waiting for room outlasts the lease many times over)."""
     engine = tiny_engine()
     room = threading.Event()
     reserve = engine.scheduler.reserve_prefilled
@@ -192,7 +193,7 @@ def test_a_request_waiting_for_room_on_the_decode_worker_keeps_its_prefill_pages
 
 def test_a_prefill_worker_lost_while_the_request_waits_for_room_fails_it_at_once(monkeypatch):
     with decode_worker_without_room(monkeypatch) as (decode, room), contextlib.ExitStack() as prefill_alive:
-        prefill = prefill_alive.enter_context(serve("prefill"))
+        prefill = prefill_alive.enter_context(serve("prefill", kv_lease_seconds=2.0))  # kept alive every 0.5 s
         with BackgroundServer(create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))) as proxy:
             asking, outcome = ask_in_background(proxy.url, PROMPTS[2])
             wait_for(lambda: metric(prefill.url, "ridgeline_kv_held_requests") == 1)
@@ -202,8 +203,9 @@ def test_a_prefill_worker_lost_while_the_request_waits_for_room_fails_it_at_once
             asking.join(timeout=30)
             assert not asking.is_alive(), "the client is still waiting"
             assert time.monotonic() - gone < 10, "the failure must come from the next keep-alive, not a deadline"
+            assert metric(proxy.url, "ridgeline_front_reprefills_total") == 1  # tried again: no prefill worker
         assert "answer" not in outcome
-        assert "KV transfer failed" in str(outcome["error"]) or "kv_transfer_failed" in str(outcome["error"])
+        assert outcome["error"].status_code == 503 and outcome["error"].response.headers["retry-after"]
         room.set()  # the request's deferred intake went with it: nothing is reserved for it later
         time.sleep(0.3)
         assert metric(decode.url, "ridgeline_kv_transfers_failed_total") == 1

@@ -12,6 +12,8 @@ def proxy_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     local_prefill_tokens: int = typer.Option(64, "--local-prefill-tokens", min=0, help="Prompts shorter than this are prefilled on the decode worker: below it moving the KV costs more than the prefill it saves."),
+    handoff_wait: float = typer.Option(30.0, "--handoff-wait", min=0, help="Seconds a prefilled request waits here, its KV pages kept, for a decode worker whose KV queue is full to take it, before a 503 with Retry-After."),
+    max_reprefills: int = typer.Option(2, "--max-reprefills", min=0, help="Times one request is prefilled again when its held KV pages are gone before the decode worker pulls them (a lapsed lease, a restarted prefill worker); past it, 503 with Retry-After."),
 ) -> None:
     import uvicorn
 
@@ -20,5 +22,6 @@ def proxy_command(
 
     configure_logging()
     app_ = create_front_app(FrontConfig(tuple(u.rstrip("/") for u in prefill), tuple(u.rstrip("/") for u in decode),
-                                        local_prefill_tokens))
+                                        local_prefill_tokens, max_reprefills=max_reprefills,
+                                        handoff_wait=handoff_wait))
     uvicorn.run(app_, host=host, port=port, access_log=False, log_level="info")

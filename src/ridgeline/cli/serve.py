@@ -37,6 +37,7 @@ def serve_command(
     role: str = typer.Option("both", "--role", help="both: prefill and decode here (colocated). prefill / decode: one side of disaggregated serving behind `ridgeline proxy`; a prefill worker keeps each prompt's KV pages for a decode worker to pull."),
     kv_bind: str = typer.Option("tcp://127.0.0.1:*", "--kv-bind", help="A prefill worker's KV endpoint, e.g. tcp://0.0.0.0:5557 (* = any free port)."),
     kv_host: str = typer.Option(None, "--kv-host", help="The host decode workers dial for this prefill worker's KV (default: as bound)."),
+    max_kv_waiting: int = typer.Option(64, "--max-kv-waiting", min=1, help="A decode worker: requests whose prefilled KV waits for room here beyond which new ones get 503 (and /v1/kv/lookup says not accepting, so a front refuses before it spends a prefill)."),
     kv_link_rate: float = typer.Option(None, "--kv-link-rate", min=1, help="A prefill worker sends its KV pages at most this many bytes/s, page by page: emulates a slower link than the real one (benchmarks, fault tests)."),
     prefill_workers: int = typer.Option(0, "--prefill-workers", min=0, help="Disaggregated on Ray: this many prefill workers as Ray actors (with --decode-workers), behind one endpoint here."),
     decode_workers: int = typer.Option(0, "--decode-workers", min=0, help="Disaggregated on Ray: this many decode workers as Ray actors."),
@@ -97,6 +98,7 @@ def serve_command(
         kv_bind=kv_bind,
         kv_advertise_host=kv_host,
         kv_link_bytes_per_second=kv_link_rate,
+        max_kv_waiting=max_kv_waiting,
         hardware=hardware,
     )
     console = Console(stderr=True)

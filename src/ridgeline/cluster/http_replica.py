@@ -25,9 +25,11 @@ class HttpReplica(Replica):
         self.probe_timeout_s = probe_timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No read timeout: a long generation is not a failure; a dead server is found by the health checks and
-        # by the connection breaking.
+        # by the connection breaking. No cap on connections: one per request in flight (httpx's default of 100
+        # queued the rest here, unseen by the replica's own admission and backpressure).
         self.client = httpx.AsyncClient(base_url=self.url, headers=headers,
-                                        timeout=httpx.Timeout(None, connect=connect_timeout_s))
+                                        timeout=httpx.Timeout(None, connect=connect_timeout_s),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
 
     async def probe(self) -> None:
         for path in ("/health", "/v1/models"):

@@ -41,6 +41,7 @@ class ReceiveKV:
     source_address: str
     arrival_time: float
     first_logprobs: TokenLogprobs | None = None
+    lease_seconds: float | None = None  # how long the prefill worker holds the pages unasked (None: its default)
 
 
 EngineMessage = AddRequest | AbortRequest | ReceiveKV

@@ -21,6 +21,7 @@ from ridgeline.server.completions import create_completion
 from ridgeline.server.dashboard import install_dashboard
 from ridgeline.server.disaggregation import ROLES, WorkerRole
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
+from ridgeline.server.kv_intake import MAX_KV_WAITING
 from ridgeline.server.metrics import ServerMetrics
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.openapi import install_openapi
@@ -54,6 +55,7 @@ class ServerConfig:
     kv_advertise_host: str | None = None  # the host decode workers reach it at, if not the bound one
     kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
     kv_link_bytes_per_second: float | None = None  # a prefill worker paces its KV pages so (emulates a slow link)
+    max_kv_waiting: int = MAX_KV_WAITING  # a decode worker's requests waiting for KV room beyond which it refuses
     request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)
     max_connections: int | None = 4096  # beyond this uvicorn answers 503 at once instead of taking the socket
     hardware: str = THIS_MACHINE  # the machine the dashboard's roofline is drawn for (catalogue name or measured)
@@ -67,7 +69,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(model_name)
     feed = DashboardFeed(engine)
     driver = AsyncEngine(engine, metrics, engine.config.scheduler.max_num_seqs, config.max_waiting,
-                         kv_transport=ZmqTransport() if config.role == "decode" else None, feed=feed)
+                         kv_transport=ZmqTransport() if config.role == "decode" else None, feed=feed,
+                         max_kv_waiting=config.max_kv_waiting)
     role = WorkerRole(config.role)
     kv_server: ZmqKVServer | None = None
     ctx = ServingContext(
@@ -85,6 +88,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         await driver.start()
         if config.role == "prefill":
             role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_access())
+            role.kv_source.attach(driver.thread)  # offers, pulls, keep-alives and releases never wait on the engine
             kv_server = ZmqKVServer(role.kv_source, config.kv_bind, link_bytes_per_second=config.kv_link_bytes_per_second)
             role.kv_address = advertised(kv_server.address, config.kv_advertise_host)
         yield
@@ -154,7 +158,12 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
             tokens = ctx.chat_prompt_ids(messages, request.add_generation_prompt)
         else:
             tokens = ctx.prompt_ids(request.prompt, "prompt", special=ctx.text_special(request.split_special_tokens))
-        return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens)})
+        intake = driver.kv_intake
+        return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens),
+                             # whether a decode worker takes one more remote prefill now (a front refuses if not)
+                             "accepting": driver.accepting and driver.healthy and intake.accepting,
+                             "kv_waiting": intake.num_waiting, "max_kv_waiting": intake.max_waiting,
+                             "max_model_len": ctx.max_model_len})
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:

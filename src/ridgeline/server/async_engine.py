@@ -17,7 +17,7 @@ from ridgeline.engine.engine_thread import Delivery, EngineDeadError, EngineRefu
 from ridgeline.engine.outputs import EngineStats
 from ridgeline.engine.messages import AbortRequest, AddRequest, ReceiveKV
 from ridgeline.server.errors import APIError
-from ridgeline.server.kv_intake import KVIntake
+from ridgeline.server.kv_intake import MAX_KV_WAITING, KVIntake
 from ridgeline.server.metrics import ServerMetrics
 
 __all__ = ["AsyncEngine", "EngineDeadError", "Submission"]
@@ -56,11 +56,20 @@ class Submission:
         self.request_ids = request_ids
         self.queue: asyncio.Queue = asyncio.Queue()
         self._unfinished = set(request_ids)
+        self._first: list = []  # what ready() took from the queue, for outputs() to yield first
+
+    async def ready(self) -> None:
+        """Wait for the first output (raising what came instead): a decode worker's stream of remote KV starts
+        once its pages are here, so a failed transfer is still an HTTP status, before the first byte."""
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        self._first.append(item)
 
     async def outputs(self) -> AsyncIterator[tuple[int, object]]:
         """(choice index, RequestOutput) pairs in the order the engine produced them, until all choices finish."""
         while self._unfinished:
-            item = await self.queue.get()
+            item = self._first.pop() if self._first else await self.queue.get()
             if isinstance(item, BaseException):
                 raise item
             index, output = item
@@ -76,7 +85,7 @@ class Submission:
 
 class AsyncEngine:
     def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int,
-                 kv_transport: KVTransport | None = None, feed=None):
+                 kv_transport: KVTransport | None = None, feed=None, max_kv_waiting: int = MAX_KV_WAITING):
         self.engine = engine
         self.metrics = metrics
         self.feed = feed  # the dashboard's DashboardFeed: sees every step's outputs on the engine thread
@@ -86,7 +95,8 @@ class AsyncEngine:
         # Held around every engine call on the engine thread, and by anything else that must touch the engine (a
         # prefill worker's KV source reading held pages from its own thread).
         self.engine_lock = self.thread.engine_lock
-        KVIntake(kv_transport, metrics).install(self.thread)  # a decode worker's ReceiveKV
+        self.kv_intake = KVIntake(kv_transport, metrics, max_kv_waiting)  # a decode worker's ReceiveKV
+        self.kv_intake.install(self.thread)
         # What /metrics (and anything else on the event loop) reads: swapped whole by publish(), never the engine
         # itself, so a scrape never waits for the lock a long step holds.
         self.snapshot = self._take_snapshot()
@@ -111,15 +121,19 @@ class AsyncEngine:
     def submit(self, requests: list[AddRequest | ReceiveKV]) -> Submission:
         """Queue all choices of one HTTP request, or none: 503 when shutting down, dead, or over capacity."""
         if not self.accepting:
-            raise APIError(503, "server is shutting down", code="shutting_down")
+            raise APIError(503, "server is shutting down", code="shutting_down", headers={"Retry-After": "1"})
         submission = Submission(self, [r.request_id for r in requests])
         queue = submission.queue
         routed = [(request, lambda item, i=index: queue.put_nowait(item if isinstance(item, BaseException)
                                                                    else (i, item)))
                   for index, request in enumerate(requests)]
+        self.kv_intake.accept(requests)  # a decode worker's: its leases kept alive from now (or a 503 if full)
         try:
             self.thread.submit(routed)
-        except EngineRefused as refused:
+        except BaseException as refused:
+            self.kv_intake.withdraw(requests)
+            if not isinstance(refused, EngineRefused):
+                raise
             if refused.full:
                 raise APIError(503, f"server is at capacity ({self.thread.capacity} requests in flight); retry later",
                                code="server_overloaded", headers={"Retry-After": "1"}) from None
@@ -139,9 +153,11 @@ class AsyncEngine:
         while self._submissions and time.monotonic() < deadline and self.healthy:
             await asyncio.sleep(0.05)
         for submission in list(self._submissions):
-            submission.queue.put_nowait(APIError(503, "server shut down before the request finished"))
+            submission.queue.put_nowait(APIError(503, "server shut down before the request finished",
+                                                 code="shutting_down", headers={"Retry-After": "1"}))
             submission.close()
         await asyncio.to_thread(self.thread.stop)
+        self.kv_intake.close()
 
     def _deliver_soon(self, deliveries: list[Delivery]) -> None:
         """From the engine thread: one hop to the event loop per step, where the queues live."""

@@ -8,8 +8,22 @@ not hold is shorter than `local_prefill_tokens` (below it the transfer costs mor
 `ridgeline advise`), or one that needs what only a full prefill on the decode side gives (n > 1, echo, several
 prompts), is sent to the decode worker alone, which prefills (the uncached part of) it itself.
 
-Failures end explicitly: an error from a worker is passed on as it came; a decode worker that dies mid-stream ends
-the stream with an error event; a client that leaves between prefill and decode gets its pages released at once.
+Nothing accepted is lost. Once a request is sent to a prefill worker it ends in exactly one of: the whole answer;
+the answer after a transparent re-prefill (the held pages were gone when the decode worker came for them -- a
+lease lapsed, the prefill worker restarted: at most `max_reprefills` times, counted in /metrics and told in the
+`x-ridgeline-reprefills` header); or an explicit server-side error: 429/503 with Retry-After before the first byte
+(counted as refusals in /metrics), an error event after it. A valid request is never answered 4xx: only the
+workers' own validation of the client's request is.
+
+- Backpressure before work: the decode worker says in its prefix-cache lookup whether it takes more remote KV
+  (`accepting`, its queue of requests waiting for KV room against its bound); when it does not, the request is
+  refused before any prefill is spent on it.
+- Leases cannot lapse on the way: from the prefill worker's answer until a decode worker has taken the request,
+  the front keeps the pages' lease alive (server/kv_leases.py, a thread of its own); the decode worker does from
+  there until its pull.
+- A decode worker gone (refused, restarted, shutting down) before it answered: the same pages go to the pool's
+  next decode worker, once. A client that leaves between prefill and decode gets its pages released at once; a
+  decode worker that dies mid-stream ends the stream with an error event.
 """
 
 import asyncio
@@ -24,12 +38,22 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from ridgeline.cluster.kv_transfer.zmq_transport import ZmqTransport
 from ridgeline.server.errors import error_response
+from ridgeline.server.kv_leases import LeaseKeeper
 
 logger = logging.getLogger("ridgeline.server.front")
 # A worker that is not there (any more): refused, or a pooled connection to a process that died. Before a response
 # has started, the request can go to another (or a restarted) worker.
 WORKER_GONE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+REPREFILLS_HEADER = "x-ridgeline-reprefills"
+RETRY_AFTER_SECONDS = "1"
+# A decode worker's 503s that say the worker itself cannot take it now (not the pages): the pool's next one may
+# (as after its 5xx other than 503: one that fails as it is restarted).
+DECODE_GONE_CODES = ("shutting_down", "engine_dead")
+# A decode worker's 503s that say it is full for now: a prefilled request waits for room (FrontConfig.handoff_wait).
+DECODE_FULL_CODES = ("kv_queue_full", "server_overloaded")
+HANDOFF_RETRY_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,10 @@ class FrontConfig:
     decode_urls: tuple[str, ...] = ()
     local_prefill_tokens: int = 64  # prompts whose uncached part is shorter are prefilled on the decode worker
     timeout: float = 600.0
+    max_reprefills: int = 2  # prefills again of one request whose held pages were gone, before a 503
+    # A prefilled request the decode worker has no room to take yet (its KV queue full) waits here this long, its
+    # pages kept alive, before a 503: the prefill is spent already, and the queue drains as its requests pull.
+    handoff_wait: float = 30.0
 
 
 class StaticPool:
@@ -53,6 +81,17 @@ class StaticPool:
         pass
 
 
+class _PagesGone(Exception):
+    """The decode worker found the prefilled pages gone (503 kv_pages_gone): prefill again."""
+
+
+def _error_code(content: bytes) -> str | None:
+    try:
+        return json.loads(content)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class DisaggregatedFront:
     def __init__(self, config: FrontConfig, pool=None):
         self.pool = pool or StaticPool(config.prefill_urls, config.decode_urls)
@@ -60,38 +99,94 @@ class DisaggregatedFront:
             raise ValueError("a disaggregated front needs at least one prefill and one decode worker")
         self.config = config
         self._turn = {"prefill": itertools.count(), "decode": itertools.count()}
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=5.0))
+        # No cap on connections: one per request in flight, each to a prefill then a decode worker (a capped pool
+        # queues requests here, invisibly, while their leases run).
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(config.timeout, connect=5.0),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
+        self.leases = LeaseKeeper(ZmqTransport(timeout=5.0), name="ridgeline-front-kv-leases")
+        self._handing_over: dict[str, int] = {}  # decode URL -> requests prefilled for it, not yet taken by it
         self.registry = CollectorRegistry()
         self.placements = Counter("ridgeline_front_prefills", "Prefills by where they ran: on a prefill worker "
                                   "(remote) or on the decode worker (local).", ["placement"], registry=self.registry)
         self.failures = Counter("ridgeline_front_failures", "Requests that ended in a worker's error.", ["stage"],
                                 registry=self.registry)
+        self.reprefills = Counter("ridgeline_front_reprefills", "Prefills again of a request whose held KV pages "
+                                  "were gone when its decode worker came for them.", registry=self.registry)
+        self.handoff_waits = Counter("ridgeline_front_handoff_waits", "Prefilled requests that waited here for a "
+                                     "decode worker whose KV queue was full.", registry=self.registry)
+        self.refusals = Counter("ridgeline_front_refusals", "Requests answered 429/503 with Retry-After, before any "
+                                "byte of an answer, by why.", ["reason"], registry=self.registry)
 
     def _pick(self, role: str) -> str:
         """Round robin over the role's live workers."""
         urls = self.pool.urls(role)
         return urls[next(self._turn[role]) % len(urls)]
 
+    async def _refresh(self) -> None:
+        await asyncio.to_thread(self.pool.refresh)
+
     async def handle(self, path: str, raw: Request) -> Response:
-        """One request; a worker that cannot be reached makes the pool look again (Ray may have restarted it
-        elsewhere) and the request is tried once more."""
         body = await raw.json()
+        reprefills = [0]
+        response = await self._handle_once_more(path, body, raw, reprefills)
+        if reprefills[0]:
+            response.headers[REPREFILLS_HEADER] = str(reprefills[0])
+        if response.status_code in (429, 503):
+            if "retry-after" not in response.headers:
+                response.headers["Retry-After"] = RETRY_AFTER_SECONDS
+            self.refusals.labels(_error_code(getattr(response, "body", b"")) or "unavailable").inc()
+        return response
+
+    async def _handle_once_more(self, path: str, body: dict, raw: Request, reprefills: list[int]) -> Response:
+        """One request; a worker that cannot be reached before any work was handed over makes the pool look again
+        (Ray may have restarted it elsewhere) and the request is tried once more."""
         try:
-            return await self._handle(path, body, raw)
+            return await self._handle(path, body, raw, reprefills)
         except WORKER_GONE:
-            await asyncio.to_thread(self.pool.refresh)
+            await self._refresh()
         try:
-            return await self._handle(path, body, raw)
+            return await self._handle(path, body, raw, reprefills)
         except WORKER_GONE as error:
             self.failures.labels("connect").inc()
-            return error_response(502, f"no worker could be reached: {error!r}", code="worker_unreachable")
+            return error_response(503, f"no worker could be reached: {error!r}", code="worker_unreachable",
+                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
 
-    async def _handle(self, path: str, body: dict, raw: Request) -> Response:
+    async def _handle(self, path: str, body: dict, raw: Request, reprefills: list[int]) -> Response:
         decode_url, prefill_url = self._pick("decode"), self._pick("prefill")
-        if not await self._worth_a_remote_prefill(body, decode_url, prefill_url):
+        where = await self._where_to_prefill(body, decode_url, prefill_url)
+        if isinstance(where, Response):
+            return where  # refused before any prefill: the decode side takes no more now
+        if where == "local":
             self.placements.labels("local").inc()
             return await self._forward(decode_url, path, body)
-        self.placements.labels("remote").inc()
+        while True:
+            self.placements.labels("remote").inc()
+            kv_or_answer = await self._prefill(prefill_url, path, body)
+            if isinstance(kv_or_answer, Response):
+                if _error_code(kv_or_answer.body) != "kv_pages_gone" or reprefills[0] >= self.config.max_reprefills:
+                    return kv_or_answer
+            else:
+                kv = kv_or_answer
+                if kv is None:  # finished at its first token: the decode worker redoes the (rare) whole request
+                    return await self._forward(decode_url, path, body)
+                if await raw.is_disconnected():
+                    await self._release(prefill_url, kv)
+                    return Response(status_code=204)
+                try:
+                    return await self._decode(decode_url, path, body, prefill_url, kv, raw)
+                except _PagesGone as gone:
+                    if reprefills[0] >= self.config.max_reprefills:
+                        self.failures.labels("pages_gone").inc()
+                        return error_response(503, f"the prefilled KV pages were gone {reprefills[0] + 1} times, "
+                                                   f"last: {gone}", code="kv_pages_gone",
+                                              headers={"Retry-After": RETRY_AFTER_SECONDS})
+            reprefills[0] += 1  # the pages are gone: prefill again, on the pool's next prefill worker
+            self.reprefills.inc()
+            prefill_url = self._pick("prefill")
+
+    async def _prefill(self, prefill_url: str, path: str, body: dict) -> dict | None | Response:
+        """The prefill worker's kv_transfer_params (None: it finished at its first token), or the answer to give
+        the client (the prefill worker's own refusal of the request, or a 502)."""
         prefill_body = {**body, "stream": False, "stream_options": None, "max_tokens": 1,
                         "kv_transfer_params": {"do_remote_decode": True}}
         if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
@@ -100,38 +195,111 @@ class DisaggregatedFront:
         try:
             prefilled = await self.client.post(f"{prefill_url}{path}", json=prefill_body)
         except WORKER_GONE:
-            raise  # handle() looks for the worker again
+            raise  # looked for again
         except httpx.HTTPError as error:
             self.failures.labels("prefill").inc()
             return error_response(502, f"prefill worker {prefill_url} failed: {error!r}", code="prefill_failed")
         if prefilled.status_code != 200:
-            self.failures.labels("prefill").inc()
-            return Response(prefilled.content, prefilled.status_code, media_type="application/json")
-        kv = prefilled.json().get("kv_transfer_params")
-        if kv is None:  # finished at its first token: the decode worker redoes the (rare) whole request itself
-            return await self._forward(decode_url, path, body)
-        if await raw.is_disconnected():
-            await self._release(prefill_url, kv)
-            return Response(status_code=204)
+            if prefilled.status_code >= 500:
+                self.failures.labels("prefill").inc()
+            return Response(prefilled.content, prefilled.status_code, media_type="application/json",
+                            headers=_retry_after(prefilled))
+        return prefilled.json().get("kv_transfer_params")
+
+    async def _decode(self, decode_url: str, path: str, body: dict, prefill_url: str, kv: dict,
+                      raw: Request) -> Response:
+        """Hand the prefilled request to a decode worker; the pages' lease is kept alive until one has taken it.
+        _PagesGone if the decode worker found them gone."""
         decode_body = {**body, "kv_transfer_params": {**kv, "do_remote_prefill": True}}
         if isinstance(body.get("prompt"), str):
             # The prefill worker tokenised the prompt already; its ids, from the manifest, spare the decode worker
             # doing it again on its own core with the GIL held (~24 ms per 2,000 words there, a stall of every
             # stream it decodes). The decode worker still checks them against the pages' chain hashes.
             decode_body["prompt"] = kv["manifest"]["prompt_token_ids"]
-        return await self._forward(decode_url, path, decode_body, on_unsent=lambda: self._release(prefill_url, kv))
+        lease = object()
+        self.leases.hold(lease, kv["remote_address"], kv["manifest"]["request_id"], kv.get("lease_seconds"))
+        self._handing_over[decode_url] = self._handing_over.get(decode_url, 0) + 1
+        handed_to = decode_url
+        full_until = asyncio.get_running_loop().time() + self.config.handoff_wait
+        waited = False
+        try:
+            attempt = 0
+            while attempt < 2:
+                request = self.client.build_request("POST", f"{decode_url}{path}", json=decode_body)
+                try:
+                    upstream = await self.client.send(request, stream=True)
+                except WORKER_GONE as error:  # not there, or died before answering: the pool's next one, once
+                    gone: Exception = error
+                    await self._refresh()
+                    decode_url = self._pick("decode")
+                    attempt += 1
+                    continue
+                except httpx.HTTPError as error:
+                    self.failures.labels("decode").inc()
+                    await self._release(prefill_url, kv)
+                    return error_response(502, f"decode worker {decode_url} failed: {error!r}", code="decode_failed")
+                if upstream.status_code == 200:
+                    if not body.get("stream"):
+                        content = await upstream.aread()
+                        await upstream.aclose()
+                        return Response(content, 200, media_type=upstream.headers.get("content-type"))
+                    return StreamingResponse(self._relay(upstream, decode_url), media_type="text/event-stream")
+                content = await upstream.aread()
+                await upstream.aclose()
+                code = _error_code(content)
+                if upstream.status_code == 503 and code == "kv_pages_gone":
+                    raise _PagesGone(json.loads(content)["error"]["message"])
+                failed_itself = (upstream.status_code == 503 and code in DECODE_GONE_CODES
+                                 or upstream.status_code >= 500 and upstream.status_code != 503)
+                if failed_itself and attempt == 0:  # shutting down, dying (a 500 as it cancels): the next one
+                    gone = RuntimeError(content.decode(errors="replace"))
+                    await self._refresh()
+                    decode_url = self._pick("decode")
+                    attempt += 1
+                    continue
+                if (upstream.status_code == 503 and code in DECODE_FULL_CODES
+                        and asyncio.get_running_loop().time() < full_until):
+                    if not waited:
+                        waited = True
+                        self.handoff_waits.inc()
+                    await asyncio.sleep(HANDOFF_RETRY_SECONDS)  # full for now: wait for room, the lease kept
+                    if await raw.is_disconnected():
+                        await self._release(prefill_url, kv)
+                        return Response(status_code=204)
+                    decode_url = self._pick("decode")
+                    continue
+                await self._release(prefill_url, kv)
+                if upstream.status_code in (429, 503):
+                    return Response(content, upstream.status_code, media_type="application/json",
+                                    headers=_retry_after(upstream))
+                self.failures.labels("decode").inc()
+                if 400 <= upstream.status_code < 500:  # a request its prefill took: the fault is not the client's
+                    return error_response(502, f"decode worker {decode_url} refused a prefilled request: "
+                                               f"{content.decode(errors='replace')[:500]}", code="decode_failed")
+                return error_response(503, f"decode worker {decode_url} failed ({upstream.status_code}): "
+                                           f"{content.decode(errors='replace')[:500]}", code="decode_failed",
+                                      headers={"Retry-After": RETRY_AFTER_SECONDS})
+            self.failures.labels("connect").inc()
+            await self._release(prefill_url, kv)
+            return error_response(503, f"no decode worker could take the request: {gone!r}",
+                                  code="worker_unreachable", headers={"Retry-After": RETRY_AFTER_SECONDS})
+        finally:
+            self.leases.let_go(lease)
+            self._handing_over[handed_to] -= 1
 
-    async def _worth_a_remote_prefill(self, body: dict, decode_url: str, prefill_url: str) -> bool:
-        """Whether the prompt's uncached part is worth a prefill worker. The decode worker is asked what its prefix
-        cache holds (POST /v1/kv/lookup): a repeated prompt, or one whose new part is short, is prefilled there --
-        only its uncached part -- and moves no KV at all. The prefill worker tokenises the prompt for that question
-        (POST /tokenize): on the decode worker it would run on the core that steps every stream, in pure Python
-        with the GIL held (~24 ms per 2,000 words warm, ~170 ms the first time), a stall of all of them."""
+    async def _where_to_prefill(self, body: dict, decode_url: str, prefill_url: str) -> str | Response:
+        """"remote" if the prompt's uncached part is worth a prefill worker, else "local"; or a 503 if the decode
+        worker takes no more remote KV now (its queue of requests waiting for room is full): refused before a
+        prefill is spent on it. The decode worker is asked what its prefix cache holds (POST /v1/kv/lookup): a
+        repeated prompt, or one whose new part is short, is prefilled there -- only its uncached part -- and moves
+        no KV at all. The prefill worker tokenises the prompt for that question (POST /tokenize): on the decode
+        worker it would run on the core that steps every stream, in pure Python with the GIL held (~24 ms per
+        2,000 words warm, ~170 ms the first time), a stall of all of them."""
         if body.get("n", 1) != 1 or body.get("echo") or (body.get("max_tokens") == 1):
-            return False
+            return "local"
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            return False  # several prompts in one request
+            return "local"  # several prompts in one request
         try:
             if isinstance(prompt, list):
                 ids = prompt  # token ids already
@@ -142,16 +310,28 @@ class DisaggregatedFront:
                         ask[key] = body[key]
                 tokenized = await self.client.post(f"{prefill_url}/tokenize", json=ask)
                 if tokenized.status_code != 200:
-                    return False  # let the decode worker answer whatever is wrong with it
+                    return "local"  # let the decode worker answer whatever is wrong with it
                 ids = tokenized.json()["tokens"]
             answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json={"prompt": ids})
             held = answer.json()
             uncached = held["prompt_tokens"] - held["cached_tokens"]
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 1
+            if held.get("max_model_len") and held["prompt_tokens"] + int(max_tokens) > held["max_model_len"]:
+                return "local"  # longer than the decode worker can hold: it says so itself (its 400), no prefill spent
         except WORKER_GONE:
-            raise  # handle() looks for the worker again
+            raise  # looked for again
         except (httpx.HTTPError, KeyError, TypeError, ValueError):
-            return False  # let the decode worker answer whatever is wrong with it
-        return answer.status_code == 200 and uncached >= self.config.local_prefill_tokens
+            return "local"  # let the decode worker answer whatever is wrong with it
+        if answer.status_code != 200 or uncached < self.config.local_prefill_tokens:
+            return "local"
+        # Its queue as it says, or as this front knows it (prefilled for it and not yet started there: a superset
+        # of this front's share of that queue, and ahead of it)
+        waiting = max(held.get("kv_waiting", 0), self._handing_over.get(decode_url, 0))
+        if held.get("accepting") is False or waiting >= held.get("max_kv_waiting", float("inf")):
+            return error_response(503, f"the decode worker has {waiting} requests waiting for KV room (at most "
+                                       f"{held.get('max_kv_waiting')}); retry later", code="decode_busy",
+                                  headers={"Retry-After": RETRY_AFTER_SECONDS})
+        return "remote"
 
     async def _release(self, prefill_url: str, kv: dict) -> None:
         try:
@@ -159,23 +339,21 @@ class DisaggregatedFront:
         except httpx.HTTPError:
             logger.warning("could not release KV at %s; its lease will", prefill_url)
 
-    async def _forward(self, url: str, path: str, body: dict, on_unsent=None) -> Response:
+    async def _forward(self, url: str, path: str, body: dict) -> Response:
+        """The whole request to a decode worker, which prefills it itself."""
         request = self.client.build_request("POST", f"{url}{path}", json=body)
         try:
             upstream = await self.client.send(request, stream=True)
         except WORKER_GONE:
-            if on_unsent is not None:
-                await on_unsent()
-            raise  # handle() looks for the worker again
+            raise  # looked for again
         except httpx.HTTPError as error:
             self.failures.labels("decode").inc()
-            if on_unsent is not None:
-                await on_unsent()
             return error_response(502, f"decode worker {url} failed: {error!r}", code="decode_failed")
         if not body.get("stream") or upstream.status_code != 200:
             content = await upstream.aread()
             await upstream.aclose()
-            return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"))
+            return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"),
+                            headers=_retry_after(upstream))
         return StreamingResponse(self._relay(upstream, url), media_type="text/event-stream")
 
     async def _relay(self, upstream: httpx.Response, url: str) -> AsyncIterator[bytes]:
@@ -189,6 +367,11 @@ class DisaggregatedFront:
             yield f"data: {json.dumps(message)}\n\ndata: [DONE]\n\n".encode()
         finally:
             await upstream.aclose()
+
+
+def _retry_after(upstream: httpx.Response) -> dict[str, str] | None:
+    value = upstream.headers.get("retry-after")
+    return {"Retry-After": value} if value else None
 
 
 def create_front_app(config: FrontConfig, pool=None) -> FastAPI:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ridgeline.cluster.kv_transfer.messages import (TransferFailed, logprobs_from_json, logprobs_to_json,
                                                     manifest_from_json, manifest_to_json)
-from ridgeline.cluster.kv_transfer.source import KVSource
+from ridgeline.cluster.kv_transfer.source import KVSource, PagesGone
 from ridgeline.engine.admission import AdmittedRequest
 from ridgeline.engine.messages import AddRequest, ReceiveKV
 from ridgeline.server.errors import APIError
@@ -49,20 +49,28 @@ def engine_requests(role: WorkerRole, request_id: str, admitted: AdmittedRequest
         manifest = manifest_from_json(kv_params["manifest"])
         address = str(kv_params["remote_address"])
         first = logprobs_from_json(kv_params.get("first_logprobs"))
-    except (KeyError, TypeError, TransferFailed) as error:
+        lease = kv_params.get("lease_seconds")
+        lease = None if lease is None else float(lease)
+    except (KeyError, TypeError, ValueError, TransferFailed) as error:
         raise APIError(400, f"malformed 'kv_transfer_params': {error}", "kv_transfer_params") from None
-    return [ReceiveKV(f"{request_id}-0", admitted, manifest, address, time.monotonic(), first)]
+    return [ReceiveKV(f"{request_id}-0", admitted, manifest, address, time.monotonic(), first, lease)]
 
 
 def offer_prefilled(role: WorkerRole, output) -> dict | None:
-    """A prefill worker's answer for a finished hold_kv request: where and what to pull. A request that ended
-    before the decode worker has anything to do (EOS or a stop string at the first token) frees its pages now."""
+    """A prefill worker's answer for a finished hold_kv request: where and what to pull, its lease starting now. A
+    request that ended before the decode worker has anything to do (EOS or a stop string at the first token) has
+    nothing to offer (its pages were freed as it finished). Pages gone meanwhile (held a whole lease unoffered: the
+    answer could not go out) are a 503 `kv_pages_gone`: the request was valid, and a front prefills it again."""
     if role.kv_source is None:
         return None
-    manifest = role.kv_source.offer(output.request_id)
     if output.finish_reason != "length":
-        role.kv_source.drop(output.request_id)
+        role.kv_source.drop(output.request_id)  # (an unattached source's; an attached one freed them already)
         return None
+    try:
+        manifest = role.kv_source.offer(output.request_id)
+    except PagesGone as error:
+        raise APIError(503, f"the prefilled KV pages are gone: {error.reason}; prefill the request again",
+                       code="kv_pages_gone", headers={"Retry-After": "1"}) from None
     first = output.logprobs[0] if output.logprobs else None
     return {"remote_address": role.kv_address, "manifest": manifest_to_json(manifest),
-            "first_logprobs": logprobs_to_json(first)}
+            "first_logprobs": logprobs_to_json(first), "lease_seconds": role.kv_source.lease_seconds}

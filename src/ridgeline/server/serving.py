@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from ridgeline.engine.admission import Admission
+from ridgeline.engine.messages import ReceiveKV
 from ridgeline.errors import RidgelineError
 from ridgeline.model.tokenizer.base import Tokenizer
 from ridgeline.server.async_engine import AsyncEngine, Submission
@@ -123,6 +124,26 @@ async def collect(raw: Request, submission: Submission) -> dict[int, object] | N
     return finals
 
 
+async def _until_client_gone(raw: Request, waiting) -> bool:
+    """Await `waiting` (re-raising what it raises); False if the client went away first (it is then cancelled)."""
+    task = asyncio.ensure_future(waiting)
+
+    async def client_gone() -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.create_task(client_gone())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        task.cancel()
+    if task not in done:
+        return False
+    task.result()
+    return True
+
+
 class Job(Protocol):
     """One validated request of an endpoint: the engine requests of its choices, and the last output of each."""
 
@@ -156,6 +177,15 @@ async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingRespon
     before the whole answer was ready (the submission is then closed, which aborts what is still running)."""
     submission = ctx.engine.submit(job.engine_requests)
     if job.request.stream:
+        if any(isinstance(r, ReceiveKV) for r in job.engine_requests):
+            try:  # a pull that fails is a status (503 kv_pages_gone: a front prefills again), not an error event
+                started = await _until_client_gone(raw, submission.ready())
+            except BaseException:
+                submission.close()
+                raise
+            if not started:
+                submission.close()
+                return None
         return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
     try:
         finals = await collect(raw, submission)

@@ -28,7 +28,15 @@ class InProcessTransport:
     def keep_alive(self, address: str, request_id: str) -> None:
         reply, _ = self._source(address).handle(KeepAlive(request_id))
         if isinstance(reply, Failed):
-            raise TransferFailed(reply.reason)
+            raise reply.error()
+
+    def keep_alive_many(self, address: str, request_ids: list[str], timeout: float = 5.0) -> dict[str, str | None]:
+        source = self._source(address)
+        answers = {}
+        for request_id in request_ids:
+            reply, _ = source.handle(KeepAlive(request_id))
+            answers[request_id] = reply.reason if isinstance(reply, Failed) else None
+        return answers
 
     def fetch(self, address: str, pull: Pull, page_bytes: int) -> list[bytes]:
         source = self._source(address)

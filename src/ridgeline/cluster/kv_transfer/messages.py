@@ -11,11 +11,18 @@ from ridgeline.engine.sampler import TokenLogprobs
 
 
 class TransferFailed(RuntimeError):
-    """A KV transfer ended without its pages; `reason` says why (refused handshake, lapsed lease, peer gone...)."""
+    """A KV transfer ended without its pages; `reason` says why (refused handshake, lapsed lease, peer gone...).
+    `retriable`: prefilling the prompt again can succeed (the pages are gone: lapsed, released, their worker
+    restarted or unreachable, damaged on the way); False where it cannot (the two sides' KV layouts differ)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, retriable: bool = True):
         super().__init__(reason)
         self.reason = reason
+        self.retriable = retriable
+
+
+# A Failed reply's code where retrying cannot help (see TransferFailed.retriable).
+LAYOUT_MISMATCH = "layout_mismatch"
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,14 @@ class KeepAlive:
 
 @dataclass(frozen=True)
 class Failed:
-    """Either side: the transfer of this request is over without success."""
+    """Either side: the transfer of this request is over without success (`code`: LAYOUT_MISMATCH, or None)."""
 
     request_id: str
     reason: str
+    code: str | None = None
+
+    def error(self) -> TransferFailed:
+        return TransferFailed(self.reason, retriable=self.code != LAYOUT_MISMATCH)
 
 
 Message = Pull | Pages | Done | KeepAlive | Failed
@@ -79,6 +90,8 @@ def encode(message: Message) -> bytes:
         body |= {"pages": [_ref(r) for r in message.pages], "digests": [d.hex() for d in message.digests]}
     elif isinstance(message, Failed):
         body["reason"] = message.reason
+        if message.code is not None:
+            body["code"] = message.code
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -96,7 +109,7 @@ def decode(frame: bytes) -> Message:
         if kind == "KeepAlive":
             return KeepAlive(request_id)
         if kind == "Failed":
-            return Failed(request_id, str(body["reason"]))
+            return Failed(request_id, str(body["reason"]), body.get("code"))
     except (ValueError, KeyError, TypeError) as error:
         raise TransferFailed(f"malformed KV transfer message: {error}") from None
     raise TransferFailed(f"unknown KV transfer message type {kind!r}")

@@ -1,7 +1,8 @@
 """The decode side of a KV transfer: reserve pages, pull the missing ones, verify, write, admit -- or free what
 was reserved and say why. Transport-agnostic: `transport.fetch(address, pull, page_bytes)` returns the payloads
 in the order asked, or raises TransferFailed; `transport.keep_alive(address, request_id)` extends the prefill side's
-lease on a request's pages while the decode side waits for room to take them, or raises TransferFailed."""
+lease on a request's pages while the decode side waits for room to take them, or raises TransferFailed;
+`keep_alive_many` does it for several requests at one address (server/kv_leases.py)."""
 
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,6 +18,8 @@ class KVTransport(Protocol):
 
     def keep_alive(self, address: str, request_id: str) -> None: ...
 
+    def keep_alive_many(self, address: str, request_ids: list[str], timeout: float = 5.0) -> dict[str, str | None]: ...
+
 
 @dataclass(frozen=True)
 class Received:
@@ -28,7 +31,7 @@ class Received:
 def verify(pull: Pull, reply: Message, frames: list[bytes], page_bytes: int) -> list[bytes]:
     """The payloads of a Pages reply that answers `pull` page for page, each of page_bytes with its digest."""
     if isinstance(reply, Failed):
-        raise TransferFailed(reply.reason)
+        raise reply.error()
     if not isinstance(reply, Pages) or reply.request_id != pull.request_id:
         raise TransferFailed(f"unexpected reply {type(reply).__name__} to a pull of {pull.request_id!r}")
     if reply.pages != pull.pages or len(frames) != len(pull.pages) or len(reply.digests) != len(frames):
@@ -46,8 +49,8 @@ def reserve(engine, request_id: str, request: AdmittedRequest, manifest: KVManif
     """On the engine's thread: pages for the request, and which of them to fetch (None: no room now)."""
     try:
         return engine.receive_kv(request_id, request, manifest, first_logprobs=first_logprobs)
-    except KVHandoffError as error:
-        raise TransferFailed(str(error)) from error
+    except KVHandoffError as error:  # another layout, another prompt: prefilling again would not help
+        raise TransferFailed(str(error), retriable=False) from error
 
 
 def fetch(transport: KVTransport, address: str, manifest: KVManifest, refs: list[PageRef], layout: KVLayout) -> list[bytes]:

@@ -112,9 +112,33 @@ class ZmqTransport:
             socket.send(encode(KeepAlive(request_id)))
             reply, _ = self._await_reply(socket, monitor, address, request_id, 0)
         if isinstance(reply, Failed):
-            raise TransferFailed(reply.reason)
+            raise reply.error()
         if not isinstance(reply, KeepAlive):
             raise TransferFailed(f"unexpected reply {type(reply).__name__} to a keep-alive of {request_id!r}")
+
+    def keep_alive_many(self, address: str, request_ids: list[str], timeout: float = 5.0) -> dict[str, str | None]:
+        """Keep-alives for several requests' pages at one prefill side, over one connection: request id -> None
+        (held, lease extended) or why they are gone. A request the prefill side does not answer about within
+        `timeout` is left out (try again later); TransferFailed if the prefill side itself is gone."""
+        answers: dict[str, str | None] = {}
+        with self._dealer(address) as (socket, monitor):
+            for request_id in request_ids:
+                socket.send(encode(KeepAlive(request_id)))
+            poller = zmq.Poller()
+            poller.register(socket, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            deadline = time.monotonic() + timeout
+            while len(answers) < len(request_ids) and (left := deadline - time.monotonic()) > 0:
+                ready = dict(poller.poll(int(left * 1000) + 1))
+                if socket in ready:
+                    header, *_ = socket.recv_multipart(copy=True)
+                    reply = decode(header)
+                    answers[reply.request_id] = reply.reason if isinstance(reply, Failed) else None
+                elif monitor in ready:
+                    event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
+                    if event in _PEER_GONE:
+                        raise TransferFailed(f"{_PEER_GONE[event]} at {address}")
+        return answers
 
     @contextmanager
     def _dealer(self, address: str):

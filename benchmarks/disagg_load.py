@@ -1,0 +1,209 @@
+"""Disaggregated serving under a burst of clients: is every request answered, or refused up front, and never lost?
+
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_load.py --json out.json [--ray] [--requests 200]
+
+Starts `ridgeline serve --role prefill` and `--role decode` (--threads 1 each, --kv-cache-memory 512MiB by default)
+behind `ridgeline proxy` (or, with --ray, `ridgeline serve --prefill-workers 1 --decode-workers 1`; or uses --url),
+then sends --requests streamed /v1/completions, --concurrency in flight at once, prompts of 1 to --max-words words
+and max_tokens 4, 32 or 128 (all drawn from --seed), every client reading its stream to the end (or, with
+--leave-fraction, some leaving after their first event). Before the load, a fixed probe set is answered greedily
+(the same before and after a change: --json keeps the texts).
+
+Each request ends as one of: complete (200, a finish_reason, [DONE]); refused (429/503 with Retry-After, before any
+byte); refused_no_retry_after (429/503 without it); client_error (any 4xx: a valid request refused -- must be 0);
+server_error (another status); error_event (200, then an error in the stream); cut (200, the stream ended without
+[DONE]); left (the client itself left early, by design). Re-prefills are counted from the front's
+`x-ridgeline-reprefills` header and compared with the front's /metrics (`ridgeline_front_reprefills_total`), as are
+refusals (`ridgeline_front_refusals_total`).
+"""
+
+import argparse
+import asyncio
+import collections
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disagg_vs_colocated import start  # noqa: E402
+
+from ridgeline.bench.bench_serve import FILLER_WORDS  # noqa: E402
+
+PROBES = ["Hello", "The capital of France is", "Write one sentence about the sea. " * 12,
+          " ".join(FILLER_WORDS) * 4, "Count: one two three four five six seven eight nine ten " * 10]
+
+
+def words(count: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(FILLER_WORDS) for _ in range(count))
+
+
+def requests(args: argparse.Namespace) -> list[tuple[str, int]]:
+    rng = random.Random(args.seed)
+    choices = tuple(int(m) for m in args.max_tokens.split(","))
+    return [(words(rng.randint(1, args.max_words), rng), rng.choice(choices)) for _ in range(args.requests)]
+
+
+async def probe(client: httpx.AsyncClient, model: str) -> list[str]:
+    texts = []
+    for prompt in PROBES:
+        answer = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 24,
+                                                            "temperature": 0})
+        answer.raise_for_status()
+        texts.append(answer.json()["choices"][0]["text"])
+    return texts
+
+
+async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, leave: bool) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    sent = time.perf_counter()
+    result: dict = {"max_tokens": max_tokens}
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            result["status"] = response.status_code
+            result["reprefills"] = int(response.headers.get("x-ridgeline-reprefills", 0))
+            if response.status_code != 200:
+                result["retry_after"] = response.headers.get("retry-after")
+                result["body"] = (await response.aread()).decode(errors="replace")[:300]
+                result["outcome"] = ("client_error" if 400 <= response.status_code < 500 and response.status_code != 429
+                                     else ("refused" if result["retry_after"] else "refused_no_retry_after")
+                                     if response.status_code in (429, 503) else "server_error")
+                return result
+            finish, done, error, tokens = None, False, None, 0
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    error = event["error"]
+                    continue
+                if "ttft_s" not in result:
+                    result["ttft_s"] = time.perf_counter() - sent
+                    if leave:
+                        result["outcome"] = "left"
+                        return result
+                for choice in event.get("choices", []):
+                    tokens += 1
+                    finish = choice.get("finish_reason") or finish
+            result["e2e_s"] = time.perf_counter() - sent
+            result["events"] = tokens
+            result["outcome"] = ("error_event" if error is not None else "complete" if done and finish else "cut")
+            if error is not None:
+                result["body"] = json.dumps(error)[:300]
+    except httpx.HTTPError as failure:
+        result["outcome"] = "connection_error"
+        result["body"] = repr(failure)[:300]
+    return result
+
+
+def counter(metrics_text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in metrics_text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+async def run(url: str, args: argparse.Namespace) -> dict:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800.0), limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        probes = await probe(client, model)
+        before = (await client.get("/metrics")).text
+        gate = asyncio.Semaphore(args.concurrency)
+        rng = random.Random(args.seed + 1)
+        leaving = [rng.random() < args.leave_fraction for _ in range(args.requests)]
+
+        async def gated(index: int, prompt: str, max_tokens: int) -> dict:
+            async with gate:
+                return await one(client, model, prompt, max_tokens, leaving[index])
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(gated(i, p, m) for i, (p, m) in enumerate(requests(args))))
+        seconds = time.perf_counter() - started
+        await asyncio.sleep(1.0)
+        after = (await client.get("/metrics")).text
+    outcomes = collections.Counter(r["outcome"] for r in results)
+    statuses = collections.Counter(r.get("status", "none") for r in results)
+    client_reprefills = sum(r.get("reprefills", 0) for r in results)
+    client_refusals = sum(1 for r in results if r.get("status") in (429, 503))
+    summary = {
+        "requests": len(results), "concurrency": args.concurrency, "seconds": round(seconds, 1),
+        "outcomes": dict(outcomes), "statuses": {str(k): v for k, v in statuses.items()},
+        "answered_4xx": sum(1 for r in results if isinstance(r.get("status"), int) and 400 <= r["status"] < 500
+                            and r["status"] != 429),
+        "client_reprefills": client_reprefills, "client_refusals": client_refusals,
+        "front_reprefills": counter(after, "ridgeline_front_reprefills_total")
+        - counter(before, "ridgeline_front_reprefills_total"),
+        "front_refusals": counter(after, "ridgeline_front_refusals_total")
+        - counter(before, "ridgeline_front_refusals_total"),
+        "front_handoff_waits": counter(after, "ridgeline_front_handoff_waits_total")
+        - counter(before, "ridgeline_front_handoff_waits_total"),
+        "front_refusals_by_reason": {line.split('"')[1]: float(line.split()[-1]) for line in after.splitlines()
+                                     if line.startswith("ridgeline_front_refusals_total{")},
+        "probes": probes,
+        "examples": {outcome: next(r.get("body") for r in results if r["outcome"] == outcome)
+                     for outcome in outcomes if outcome not in ("complete", "left")},
+    }
+    ttfts = sorted(r["ttft_s"] for r in results if "ttft_s" in r)
+    if ttfts:
+        summary["ttft_s_p50_p99"] = [round(ttfts[len(ttfts) // 2], 2), round(ttfts[int(len(ttfts) * 0.99)], 2)]
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None, help="an endpoint already running (default: start one)")
+    parser.add_argument("--ray", action="store_true", help="workers on Ray (serve --prefill-workers/--decode-workers)")
+    parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: the bundled model)")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--max-words", type=int, default=900)
+    parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--max-tokens", default="4,32,128", help="each request's max_tokens, drawn from these")
+    parser.add_argument("--leave-fraction", type=float, default=0.0)
+    parser.add_argument("--kv-cache-memory", default="512MiB", help="each worker's")
+    parser.add_argument("--decode-kv-cache-memory", default=None, help="the decode worker's, if not --kv-cache-memory")
+    parser.add_argument("--proxy-args", default="", help="extra `ridgeline proxy` options, space-separated")
+    parser.add_argument("--decode-args", default="", help="extra options of the decode worker, space-separated")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    model = ["--model", args.model] if args.model else []
+    processes = []
+    try:
+        if args.url:
+            url = args.url
+        elif args.ray:
+            process, url = start(["serve", *model, "--prefill-workers", "1", "--decode-workers", "1", "--threads", "1",
+                                  "--kv-cache-memory", args.kv_cache_memory], log_name="ray-front")
+            processes.append(process)
+        else:
+            decode_kv = args.decode_kv_cache_memory or args.kv_cache_memory
+            prefill, prefill_url = start(["serve", *model, "--role", "prefill", "--threads", "1", "--kv-cache-memory",
+                                          args.kv_cache_memory], log_name="load-prefill")
+            processes.append(prefill)
+            decode, decode_url = start(["serve", *model, "--role", "decode", "--threads", "1", "--kv-cache-memory",
+                                        decode_kv, *args.decode_args.split()], log_name="load-decode")
+            processes.append(decode)
+            proxy, url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url,
+                                *args.proxy_args.split()], log_name="load-proxy")
+            processes.append(proxy)
+        summary = asyncio.run(run(url, args))
+        if not args.url and not args.ray:  # the decode worker's KV, for how many requests' pages it holds
+            metrics = httpx.get(f"{decode_url}/metrics", timeout=60).text
+            summary["decode_kv_pages"] = counter(metrics, "ridgeline_kv_cache_total_pages")
+            summary["decode_kv_transfers_failed"] = counter(metrics, "ridgeline_kv_transfers_failed_total")
+    finally:
+        for process in processes:
+            process.kill()
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
