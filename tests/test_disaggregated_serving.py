@@ -6,6 +6,8 @@ between prefill and decode, a decode worker killed mid-stream -- ends in an expl
 any worker."""
 
 import contextlib
+import json
+import re
 import threading
 import time
 
@@ -85,6 +87,23 @@ def test_chat_with_logprobs_and_stop_strings_equals_colocated(cluster):
                 [(e.token, round(e.logprob, 4), [t.token for t in e.top_logprobs]) for e in choice.logprobs.content])
 
     assert ask(proxy) == ask(colocated)
+    assert_no_pages_leaked(prefill, decode)
+
+
+def test_constrained_answers_through_the_front_equal_colocated(cluster):
+    """The prefill worker samples the first token under the grammar and the decode worker's grammar takes it, so
+    a regex holds across the hand-off, and a schema's answer is the colocated one."""
+    prefill, decode, colocated, proxy = cluster
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}}, "required": ["ok", "n"]}
+    for extra in ({"guided_regex": "[a-c]{3}-[0-9]{2}"}, {"guided_json": schema}):
+        api = {url: client(url) for url in (proxy, colocated)}
+        texts = [api[url].completions.create(model=api[url].models.list().data[0].id, prompt=PROMPTS[1], max_tokens=40,
+                                             temperature=0, extra_body=extra).choices[0].text for url in (proxy, colocated)]
+        assert texts[0] == texts[1]
+        if "guided_regex" in extra:
+            assert re.fullmatch("[a-c]{3}-[0-9]{2}", texts[0])
+        else:
+            assert set(json.loads(texts[0])) == {"ok", "n"}
     assert_no_pages_leaked(prefill, decode)
 
 
