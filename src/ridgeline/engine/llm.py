@@ -11,7 +11,7 @@ from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.structured import StructuredOutputsParams
-from ridgeline.tool_calls import FunctionTool, ToolCall, ToolChoice, Toolset
+from ridgeline.tool_calls import FunctionTool, ToolCall, Toolset
 
 Prompt = str | list[int]
 Messages = list[dict]
@@ -73,7 +73,7 @@ class LLM:
         function definitions (or FunctionTool); `tool_choice` "auto" (the default with tools), "none", "required"
         or {"type": "function", "function": {"name": ...}} — a forced call is valid by grammar, as on the server."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        toolset = _toolset(tools or [], tool_choice, parallel_tool_calls)
+        toolset = Toolset.from_openai(tools or [], tool_choice, parallel_tool_calls)
         params = params or SamplingParams()
         answer_schema = None
         asked = params.structured_outputs
@@ -108,20 +108,3 @@ class LLM:
                             return
         finally:
             self.engine.abort(request_id)
-
-
-def _toolset(tools: Sequence[dict | FunctionTool], tool_choice: str | dict | None, parallel: bool) -> Toolset:
-    functions = []
-    for tool in tools:
-        if isinstance(tool, dict):
-            spec = tool.get("function", tool)
-            tool = FunctionTool(spec["name"], spec.get("description"),
-                                spec.get("parameters") or {"type": "object", "properties": {}})
-        functions.append(tool)
-    if tool_choice is None:
-        mode, name = ("auto" if functions else "none"), None
-    elif isinstance(tool_choice, str):
-        mode, name = tool_choice, None
-    else:
-        mode, name = "function", tool_choice["function"]["name"]
-    return Toolset(functions, ToolChoice(mode, name, parallel))

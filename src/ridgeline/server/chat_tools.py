@@ -8,23 +8,15 @@ from ridgeline.errors import RidgelineError
 from ridgeline.server.errors import APIError, api_error
 from ridgeline.server.protocol import ChatCompletionRequest
 from ridgeline.server.structured import requested_constraint
-from ridgeline.tool_calls import FunctionTool, ToolChoice, Toolset
+from ridgeline.tool_calls import Toolset
 
 
 def chat_tools(request: ChatCompletionRequest) -> Toolset:
-    tools = [FunctionTool(t.function.name, t.function.description,
-                          t.function.parameters if t.function.parameters is not None
-                          else {"type": "object", "properties": {}})
-             for t in request.tools or []]
-    raw = request.tool_choice
-    if raw is None:
-        mode, name = ("auto" if tools else "none"), None
-    elif isinstance(raw, str):
-        mode, name = raw, None
-    else:
-        mode, name = "function", raw.function.name
+    tool_choice = request.tool_choice
     try:
-        return Toolset(tools, ToolChoice(mode, name, request.parallel_tool_calls is not False))
+        return Toolset.from_openai([t.model_dump() for t in request.tools or []],
+                                   tool_choice if tool_choice is None or isinstance(tool_choice, str)
+                                   else tool_choice.model_dump(), request.parallel_tool_calls)
     except RidgelineError as error:
         raise api_error(error) from error
 

@@ -2,6 +2,7 @@
 the grammar a forced call imposes, and reading the answer back. The server and the offline `LLM.chat` both use
 it, so a request means the same through either."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ridgeline.tool_calls.grammar import tool_call_grammar
@@ -17,6 +18,27 @@ class Toolset:
 
     def __post_init__(self):
         check_tools(self.tools, self.choice)
+
+    @classmethod
+    def from_openai(cls, tools: Sequence[dict | FunctionTool], tool_choice: str | dict | None = None,
+                    parallel_tool_calls: bool | None = True) -> "Toolset":
+        """From OpenAI's request fields: `tools` as function definitions, `tool_choice` "auto" (the default with
+        tools), "none", "required" or {"type": "function", "function": {"name": ...}}."""
+        functions = []
+        for tool in tools:
+            if isinstance(tool, dict):
+                spec = tool.get("function", tool)
+                parameters = spec.get("parameters")
+                tool = FunctionTool(spec["name"], spec.get("description"),
+                                    parameters if parameters is not None else {"type": "object", "properties": {}})
+            functions.append(tool)
+        if tool_choice is None:
+            mode, name = ("auto" if functions else "none"), None
+        elif isinstance(tool_choice, str):
+            mode, name = tool_choice, None
+        else:
+            mode, name = "function", tool_choice["function"]["name"]
+        return cls(functions, ToolChoice(mode, name, parallel_tool_calls is not False))
 
     @property
     def active(self) -> bool:
