@@ -113,6 +113,8 @@ class GrammarCompiler:
         with self._lock:
             self.stats.failed += 1
         problem = " ".join(problem.split())
+        if "is not present in a registry" in problem:  # llguidance's words for a $ref it would have to fetch
+            problem = f"a $ref outside the schema is not supported (only refs into it, such as #/$defs/...): {problem}"
         if len(problem) > 500:
             problem = problem[:500] + " ..."
         raise InvalidParameterError(f"{spec.source}: the {spec.kind.replace('_', ' ')} cannot be used: {problem}",
