@@ -315,3 +315,48 @@ CI_SUBSET = ["get_weather", "send_email", "recipe", "person", "invoice", "nullab
 
 def case(name: str) -> SchemaCase:
     return next(c for c in SCHEMAS if c.name == name)
+
+
+# ---- running the corpus -------------------------------------------------------------------------------------------
+@dataclass
+class Answer:
+    case: str
+    temperature: float
+    text: str
+    finish_reason: str | None
+    num_tokens: int
+    valid: bool | None  # None: not finished (no complete JSON to check)
+    problem: str = ""  # why it is invalid
+
+
+def chat_prompt(tokenizer, case: SchemaCase) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": case.prompt + " Reply in JSON."}])
+
+
+def run_corpus(llm, cases: list[SchemaCase], temperatures=(0.0, 1.0), max_tokens: int = 96, seed: int = 0) -> list[Answer]:
+    """Every case at every temperature (seeded), all in one batched generate; each finished answer checked against
+    its schema with the jsonschema package (formats checked too: date, email, uuid, ...)."""
+    import json
+
+    import jsonschema
+
+    from ridgeline.engine.sampling_params import SamplingParams
+    from ridgeline.engine.structured import StructuredOutputsParams
+
+    jobs = [(c, t) for t in temperatures for c in cases]
+    params = [SamplingParams(temperature=t, seed=seed, max_tokens=max_tokens,
+                             structured_outputs=StructuredOutputsParams(json=c.schema)) for c, t in jobs]
+    outputs = llm.generate([chat_prompt(llm.tokenizer, c) for c, _ in jobs], params, use_tqdm=False)
+    answers = []
+    for (c, t), out in zip(jobs, outputs):
+        valid, problem = None, ""
+        if out.finish_reason == "stop":
+            try:
+                value = json.loads(out.text)
+                validator = jsonschema.Draft202012Validator(c.schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+                errors = list(validator.iter_errors(value))
+                valid, problem = not errors, "; ".join(e.message for e in errors[:3])
+            except json.JSONDecodeError as error:
+                valid, problem = False, f"not JSON: {error}"
+        answers.append(Answer(c.name, t, out.text, out.finish_reason, len(out.output_token_ids), valid, problem))
+    return answers

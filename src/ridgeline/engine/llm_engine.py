@@ -138,7 +138,8 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         self.num_constrained_requests += 1
-        return self.grammars.compile(params.structured_outputs).matcher()
+        return self.grammars.compile(params.structured_outputs).matcher(
+            params.max_tokens if self.grammars.close_json else None)
 
     def _propose(self, seq: Sequence, max_tokens: int) -> list[int]:
         """Speculative guesses, none for a constrained request: its guesses would have to pass its grammar, and a

@@ -12,11 +12,23 @@ import llguidance
 _BIAS = np.array([-np.inf, 0.0], dtype=np.float32)
 
 
+def closing_window(max_tokens: int | None) -> int | None:
+    """How many tokens before max_tokens a JSON answer starts closing (None: never, no max_tokens). A quarter of the
+    budget, 4 to 32 tokens: what closing a few open strings, arrays and objects takes."""
+    return None if max_tokens is None else max(4, min(32, max_tokens // 4))
+
+
 class GrammarMatcher:
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, close_at: int | None = None,
+                 closing_tiers: list[np.ndarray] | None = None):
+        """close_at: from this many output tokens on, the next token is taken from the first closing tier
+        (vocabulary.py) the grammar allows any of, so the answer ends before max_tokens (JSON answers only)."""
         self._matcher = matcher
         self.vocab_size = vocab_size
         self.num_consumed = 0  # output tokens the grammar has taken
+        self.close_at = close_at if closing_tiers else None
+        self._tiers = closing_tiers or []
+        self.closed_early = False  # a token was steered by closing
         self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._bias: torch.Tensor | None = None
         self._bias_at = -1  # num_consumed the bias row was computed for
@@ -35,10 +47,20 @@ class GrammarMatcher:
         position, by whichever thread asks first (the engine asks ahead, while the forward pass runs)."""
         if self._bias_at != self.num_consumed:
             self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # drops the GIL
+            if self.close_at is not None and self.num_consumed >= self.close_at:
+                self._close()
             bits = np.unpackbits(self._words.view(np.uint8), count=self.vocab_size, bitorder="little")
             self._bias = torch.from_numpy(np.take(_BIAS, bits))
             self._bias_at = self.num_consumed
         return self._bias
+
+    def _close(self) -> None:
+        for tier in self._tiers:
+            narrowed = self._words & tier
+            if narrowed.any():
+                self.closed_early |= not np.array_equal(narrowed, self._words)
+                self._words = narrowed
+                return
 
     def allows(self, token_id: int) -> bool:
         return bool(self.bias()[token_id] == 0.0)

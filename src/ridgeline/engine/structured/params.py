@@ -12,6 +12,9 @@ from ridgeline.errors import InvalidParameterError
 # request's text itself from being the cost.
 MAX_GRAMMAR_CHARS = 1_000_000
 MAX_CHOICES = 4096
+# JSON nesting (objects and arrays) of a schema: llguidance's parser stops at 128 levels, and a dict nested some
+# thousands deep crashes the process on its way into llguidance (and json.dumps raises RecursionError before that).
+MAX_SCHEMA_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,15 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidParameterError(f"{self.source}: {name} must be a non-empty string", param=self.source)
-        if len(self.text()) > MAX_GRAMMAR_CHARS:
+        if isinstance(self.json, dict) and _nesting_depth(self.json) > MAX_SCHEMA_DEPTH:
+            raise InvalidParameterError(f"{self.source}: the JSON schema is nested more than {MAX_SCHEMA_DEPTH} levels "
+                                        f"deep", param=self.source)
+        try:
+            text = self.text()
+        except (RecursionError, TypeError, ValueError) as error:  # deep nesting; what JSON cannot hold (a set, NaN)
+            raise InvalidParameterError(f"{self.source}: the JSON schema cannot be read: {error}",
+                                        param=self.source) from None
+        if len(text) > MAX_GRAMMAR_CHARS:
             raise InvalidParameterError(f"{self.source}: the {self.kind} is longer than {MAX_GRAMMAR_CHARS} characters",
                                         param=self.source)
 
@@ -67,7 +78,7 @@ class StructuredOutputsParams:
         if self.json_object:
             return ""
         if self.json is not None:
-            return json.dumps(self.json, sort_keys=True) if isinstance(self.json, dict) else self.json
+            return json.dumps(self.json, sort_keys=True, allow_nan=False) if isinstance(self.json, dict) else self.json
         if self.choice is not None:
             return json.dumps(list(self.choice))
         return self.regex if self.regex is not None else self.grammar
@@ -85,3 +96,16 @@ class StructuredOutputsParams:
             raise InvalidParameterError(f"{source}: unsupported key(s) {', '.join(sorted(unknown))} "
                                         f"(supported: {', '.join(sorted(known))})", param=source)
         return cls(**{k: v for k, v in value.items() if k in known and v is not None}, source=source)
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deep dicts and lists nest in `value`, counted without recursion (the value may be nested thousands deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
+    return deepest
