@@ -9,7 +9,8 @@ sets none, so a schema's own bounds always win and every answer still validates 
 
     integer / number    |value| < 10**15 (an absent minimum or maximum; exclusive ones count as given)
     number              at most 6 decimals (as multipleOf 1e-6; none where a multipleOf is given), no exponent
-    string              maxLength 256 (also with a pattern or a format)
+    string              maxLength 256 (also with a pattern or a format); format date and date-time as patterns
+                        of real dates (below)
     array               maxItems 16
     object with listed  no keys beyond them where additionalProperties is absent (xgrammar's reading, so vLLM's
     properties          default: a key the schema does not name is open-ended text a model can loop in)
@@ -50,6 +51,12 @@ class JsonBounds:
 DEFAULT_BOUNDS = JsonBounds()
 MAP_KEY_PATTERN = "^.{1,64}$"
 ANY_VALUE_DEPTH = 2
+# format date and date-time as patterns of real dates only: llguidance's formats take 0000-02-31, which no date
+# parser does (years 0001-9999; February to the 28th, every year, rather than a leap-year rule in a regex).
+_DATE = ("(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-"
+         "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_DATE_PATTERNS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$"}
 _ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 
 
@@ -104,6 +111,8 @@ def _bound(node: Any, bounds: JsonBounds, in_all_of: bool) -> Any:
     types = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else set()
     if not types and "properties" in node:
         types = {"object"}
+    if "string" in types and node.get("format") in _DATE_PATTERNS and "pattern" not in node:
+        node["pattern"] = _DATE_PATTERNS[node.pop("format")]
     if "string" in types and "maxLength" not in node:
         node["maxLength"] = max(bounds.max_string_length, _int(node.get("minLength")))
     if types & {"integer", "number"}:

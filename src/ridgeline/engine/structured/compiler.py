@@ -12,12 +12,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import llguidance
-import numpy as np
 
 from ridgeline.engine.structured.bounds import DEFAULT_BOUNDS, JsonBounds, bound_schema
 from ridgeline.engine.structured.matcher import GrammarMatcher, closing_window
 from ridgeline.engine.structured.params import StructuredOutputsParams
-from ridgeline.engine.structured.vocabulary import closing_tiers, grammar_tokenizer
+from ridgeline.engine.structured.vocabulary import ClosingVocabulary, closing_vocabulary, grammar_tokenizer
 from ridgeline.errors import InvalidParameterError
 from ridgeline.model.tokenizer.base import Tokenizer
 
@@ -40,16 +39,16 @@ class CompilerStats:
 
 class CompiledGrammar:
     def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int, compile_seconds: float,
-                 closing_tiers: list[np.ndarray] | None = None):
+                 closing: ClosingVocabulary | None = None):
         self._pristine = pristine
         self.vocab_size = vocab_size
         self.compile_seconds = compile_seconds
-        self._closing_tiers = closing_tiers  # JSON grammars only: what an answer near max_tokens is steered to
+        self._closing = closing  # JSON grammars only: what an answer near max_tokens is steered to
 
     def matcher(self, max_tokens: int | None = None) -> GrammarMatcher:
         window = closing_window(max_tokens)
         return GrammarMatcher(self._pristine.deep_copy(), self.vocab_size,
-                              None if window is None else max_tokens - window, self._closing_tiers)
+                              None if window is None else max_tokens - window, self._closing)
 
 
 class GrammarCompiler:
@@ -60,7 +59,7 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
-        self._closing_tiers: list[np.ndarray] | None = None
+        self._closing: ClosingVocabulary | None = None
         # JSON answers within closing_window(max_tokens) of their max_tokens are steered to close (matcher.py);
         # False leaves them to be cut at max_tokens (finish_reason "length"), as vLLM does.
         self.close_json = True
@@ -76,7 +75,7 @@ class GrammarCompiler:
         with self._lock:
             if self._ll_tokenizer is None:
                 self._ll_tokenizer = grammar_tokenizer(self._tokenizer, self.vocab_size)
-                self._closing_tiers = closing_tiers(self._tokenizer, self.vocab_size)
+                self._closing = closing_vocabulary(self._tokenizer, self.vocab_size)
             return self._ll_tokenizer
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
@@ -108,7 +107,7 @@ class GrammarCompiler:
         if pristine.is_error():
             self._refuse(spec, pristine.get_error())
         compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started,
-                                   self._closing_tiers if spec.json is not None or spec.json_object else None)
+                                   self._closing if spec.json is not None or spec.json_object else None)
         with self._lock:
             self.stats.compiled += 1
             self.stats.compile_seconds += compiled.compile_seconds

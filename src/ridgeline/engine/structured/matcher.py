@@ -6,6 +6,8 @@ import torch
 
 import llguidance
 
+from ridgeline.engine.structured.vocabulary import ClosingVocabulary
+
 # Bit -> additive bias. A gather through this table costs the same whatever the mask (~0.3 ms for 262k tokens);
 # masked_fill with a boolean row costs 1-2 ms on a mixed mask (a branch per entry), and the add that applies the
 # row to the logits ~0.04 ms. The row is built ahead, off the step's critical path (engine/structured/masks.py).
@@ -20,14 +22,16 @@ def closing_window(max_tokens: int | None) -> int | None:
 
 class GrammarMatcher:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, close_at: int | None = None,
-                 closing_tiers: list[np.ndarray] | None = None):
+                 closing: ClosingVocabulary | None = None):
         """close_at: from this many output tokens on, the next token is taken from the first closing tier
         (vocabulary.py) the grammar allows any of, so the answer ends before max_tokens (JSON answers only)."""
         self._matcher = matcher
         self.vocab_size = vocab_size
         self.num_consumed = 0  # output tokens the grammar has taken
-        self.close_at = close_at if closing_tiers else None
-        self._tiers = closing_tiers or []
+        self.close_at = close_at if closing is not None else None
+        self._closing = closing
+        self._in_string = False  # the JSON written so far ends inside a string (followed only when closing may come)
+        self._escaped = False
         self.closed_early = False  # a token was steered by closing
         self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
         self._bias: torch.Tensor | None = None
@@ -55,7 +59,7 @@ class GrammarMatcher:
         return self._bias
 
     def _close(self) -> None:
-        for tier in self._tiers:
+        for tier in self._closing.in_string if self._in_string else self._closing.out_of_string:
             narrowed = self._words & tier
             if narrowed.any():
                 self.closed_early |= not np.array_equal(narrowed, self._words)
@@ -71,4 +75,15 @@ class GrammarMatcher:
             if not self._matcher.consume_token(token_id):
                 return False
             self.num_consumed += 1
+            if self.close_at is not None:
+                self._follow(self._closing.token_bytes[token_id])
         return True
+
+    def _follow(self, text: bytes) -> None:
+        for byte in text:
+            if self._escaped:
+                self._escaped = False
+            elif self._in_string and byte == 0x5C:  # backslash
+                self._escaped = True
+            elif byte == 0x22:  # quote
+                self._in_string = not self._in_string
