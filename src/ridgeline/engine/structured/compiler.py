@@ -93,19 +93,25 @@ class GrammarCompiler:
                 return found
         tokenizer = self.ll_tokenizer
         started = time.perf_counter()
-        grammar = self._grammar_text(spec, bounded=True)
+        # The constraint as sent decides what is refused (bounds could make a refused schema pass: a oneOf whose
+        # branches overlap, say); the matcher is built from the bounded one (bounds.py), or from the one sent where
+        # the bounds alone break it (a recursion that must go deeper than the levels unrolled).
+        grammar = self._grammar_text(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=self.limits)
-        if is_error and self._bounds_apply(spec):
-            # The schema as sent decides what is refused; one the bounds alone broke (a recursion that must go
-            # deeper than the unrolled levels) is compiled as sent.
-            grammar = self._grammar_text(spec, bounded=False)
-            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer,
-                                                                                    limits=self.limits)
         if is_error:
             self._refuse(spec, messages[0] if messages else "invalid grammar")
-        pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
+        pristine = None
+        if self._bounds_apply(spec):
+            pristine = llguidance.LLMatcher(tokenizer, self._grammar_text(spec, bounded=True), log_level=0,
+                                            limits=self.limits)
+            if pristine.is_error():
+                pristine = None
+        if pristine is None:
+            pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
         if pristine.is_error():
             self._refuse(spec, pristine.get_error())
+        if pristine.is_stopped() and not pristine.is_accepting():  # an empty language: no answer can match it
+            self._refuse(spec, "it matches nothing (no text can satisfy it)")
         compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started,
                                    self._closing if spec.json is not None or spec.json_object else None)
         with self._lock:
