@@ -110,7 +110,9 @@ class GrammarCompiler:
             pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
         if pristine.is_error():
             self._refuse(spec, pristine.get_error())
-        if pristine.is_stopped() and not pristine.is_accepting():  # an empty language: no answer can match it
+        probe = pristine.deep_copy()  # llguidance finds a grammar that matches nothing when asked for a first mask
+        probe.compute_bitmask()
+        if probe.is_stopped() and not probe.is_accepting():
             self._refuse(spec, "it matches nothing (no text can satisfy it)")
         compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started,
                                    self._closing if spec.json is not None or spec.json_object else None)
