@@ -214,3 +214,20 @@ def test_unbounded_answers_end_with_the_defaults_and_are_cut_without_them(llm):
         if out.finish_reason == "length":
             with pytest.raises(json.JSONDecodeError):
                 json.loads(out.text)
+
+
+def test_masked_argmax_is_the_argmax_of_the_masked_row(llm):
+    import numpy as np
+    import torch
+
+    vocab = llm.engine.model_config.vocab_size
+    rng = np.random.default_rng(0)
+    for constraint in (Structured(json=case("invoice").schema), Structured(regex=REGEX), Structured(choice=CHOICES)):
+        matcher = llm.engine.grammars.compile(constraint).matcher()
+        for _ in range(12):
+            logits = torch.from_numpy(rng.normal(size=vocab).astype(np.float32))
+            logits[rng.integers(vocab, size=4)] = logits.max()  # ties: the first of equals wins on both paths
+            expected = int(np.argmax((logits + matcher.bias()).numpy()))
+            assert matcher.masked_argmax(logits, int(np.argmax(logits.numpy()))) == expected
+            if matcher.is_terminated or not matcher.consume([expected]):
+                break
