@@ -7,7 +7,8 @@ many constrained answers are valid and finished.
 In one process under /tmp/ridgeline-cpu.lock:
   vocabulary    building llguidance's view of the vocabulary (once per engine)
   compile       a 50-property schema and corpus schemas, cold and cached (median)
-  mask          per row: llguidance's bitmask, the bias row built from it, and applying it to a logits row
+  mask          per row: llguidance's bitmask; the worker's part (mask + bits); a greedy row's masked argmax (a
+                random row: its argmax is rarely allowed); a sampled row's additive row and its add to the logits
   decode        constrained vs unconstrained decode tok/s at batch 1 and 16: a JSON schema whose answer is one long
                 string (it runs to max_tokens, as the unconstrained run with ignore_eos does), the two interleaved
                 within each repetition, medians; decode tok/s = tokens after the first over first-to-last token time
@@ -88,30 +89,35 @@ def mask_times(llm: LLM) -> dict:
     """Per row, over the positions of real answers (the corpus's first 20 schemas, greedy)."""
     grammars, vocab = llm.engine.grammars, llm.engine.model_config.vocab_size
     answers = run_corpus(llm, SCHEMAS[:20], temperatures=(0.0,), max_tokens=64)
-    bitmask, bias_row, apply_add, apply_where = [], [], [], []
+    bitmask, bits, bias_row, argmax, apply_add = [], [], [], [], []
     logits = torch.randn(vocab)
+    best = int(np.argmax(logits.numpy()))
     for case, answer in zip(SCHEMAS[:20], answers):
         matcher = grammars.compile(Structured(json=case.schema)).matcher()
+        matcher.needs_bias = False
         for token in llm.tokenizer.encode(answer.text, add_bos=False)[:64]:
             words = np.zeros((vocab + 31) // 32, dtype=np.int32)
             started = time.perf_counter()
             matcher._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
             bitmask.append(time.perf_counter() - started)
             started = time.perf_counter()
-            bias = matcher.bias()
+            matcher.compute()  # what the worker does for a greedy row: the mask and its bits
+            bits.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            matcher.masked_argmax(logits, best)  # the sampler's part for a greedy row (mostly not the argmax)
+            argmax.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            bias = matcher.bias()  # a sampled row's additive row, from the bits
             bias_row.append(time.perf_counter() - started)
             row = logits.clone()
             started = time.perf_counter()
             row.add_(bias)
             apply_add.append(time.perf_counter() - started)
-            allowed = torch.from_numpy(np.unpackbits(words.view(np.uint8), count=vocab, bitorder="little")).bool()
-            started = time.perf_counter()
-            torch.where(allowed, logits, -torch.inf)
-            apply_where.append(time.perf_counter() - started)
             if not matcher.consume([token]):
                 break
-    return {"rows": len(bitmask), "bitmask_ms": median_ms(bitmask), "bias_row_ms": median_ms(bias_row),
-            "apply_add_ms": median_ms(apply_add), "apply_where_ms": median_ms(apply_where)}
+    return {"rows": len(bitmask), "llguidance_bitmask_ms": median_ms(bitmask), "mask_and_bits_ms": median_ms(bits),
+            "greedy_masked_argmax_ms": median_ms(argmax), "sampled_bias_row_ms": median_ms(bias_row),
+            "sampled_apply_add_ms": median_ms(apply_add)}
 
 
 def decode_rate(llm: LLM, batch: int, constrained: bool, max_tokens: int) -> float:

@@ -15,6 +15,7 @@ from ridgeline.engine.structured.vocabulary import ClosingVocabulary
 # masked_fill with a boolean row costs 1-2 ms on a mixed mask (a branch per entry), and the add that applies the
 # row to the logits ~0.04 ms. The row is built ahead, off the step's critical path (engine/structured/masks.py).
 _BIAS = np.array([-np.inf, 0.0], dtype=np.float32)
+_WORD_BITS = np.arange(32)
 SPARSE_FRACTION = 16  # at most vocab / 16 allowed: masked_argmax gathers them instead of masking the whole row
 
 
@@ -62,8 +63,12 @@ class GrammarMatcher:
             if self.close_at is not None and self.num_consumed >= self.close_at:
                 self._close()
             self._bits = np.unpackbits(self._words.view(np.uint8), count=self.vocab_size, bitorder="little")
-            few = np.count_nonzero(self._bits) <= self.vocab_size // SPARSE_FRACTION
-            self._few = np.flatnonzero(self._bits) if few else None
+            self._few = None
+            words = np.flatnonzero(self._words)  # 8k words scanned, not 262k bytes
+            if len(words) * 32 <= self.vocab_size // SPARSE_FRACTION or \
+                    np.count_nonzero(self._bits) <= self.vocab_size // SPARSE_FRACTION:
+                in_words = np.unpackbits(self._words[words].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
+                self._few = (words[:, None] * 32 + _WORD_BITS)[in_words.view(np.bool_)]
             self._bias = None
             self._at = self.num_consumed
         if self.needs_bias and self._bias is None:
