@@ -1,10 +1,14 @@
-"""json_schemas.py: schemas read strictly (objects closed unless they say otherwise) and bounded in size."""
+"""json_schemas/: schemas read strictly (objects closed unless they say otherwise) and bounded in size."""
 
 import pytest
 
 from ridgeline.engine.structured import StructuredOutputsParams
 from ridgeline.errors import InvalidParameterError
-from ridgeline.json_schemas import MAX_DEPTH, MAX_PROPERTIES, closed_objects, schema_too_large
+from ridgeline.json_schemas import DEFAULT_BOUNDS, MAX_DEPTH, MAX_PROPERTIES, bound_schema, schema_too_large
+
+
+def closed_objects(schema):
+    return bound_schema(schema, DEFAULT_BOUNDS)
 
 
 def test_objects_that_list_properties_are_closed_everywhere_they_occur():
@@ -21,11 +25,12 @@ def test_objects_that_list_properties_are_closed_everywhere_they_occur():
 
 
 def test_what_a_schema_states_about_other_properties_stands():
-    assert closed_objects({"properties": {}, "additionalProperties": True})["additionalProperties"] is True
+    assert closed_objects({"properties": {"a": {}}, "additionalProperties": True})["additionalProperties"] is True
     assert "additionalProperties" not in closed_objects({"properties": {}, "patternProperties": {"^x": {}}})
     merged = closed_objects({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}], "properties": {"c": {}}})
-    assert "additionalProperties" not in merged and "additionalProperties" not in merged["allOf"][0]
-    assert closed_objects({"type": "object"}) == {"type": "object"}  # free-form objects stay free
+    assert "additionalProperties" not in merged["allOf"][0]  # members of an allOf stay open
+    assert closed_objects({"type": "object"})["additionalProperties"] is False  # a free-form object: a bounded map
+    assert closed_objects({"type": "object"})["maxProperties"] == DEFAULT_BOUNDS.max_properties
 
 
 def test_size_limits_are_found_without_recursion():
@@ -38,4 +43,4 @@ def test_size_limits_are_found_without_recursion():
     with pytest.raises(InvalidParameterError) as refused:
         StructuredOutputsParams(json=deep, source="response_format").validate()
     assert refused.value.param == "response_format"
-    assert MAX_DEPTH >= 200  # a 100-level schema (200 levels of JSON) is served
+    assert MAX_DEPTH >= 64  # a 32-level nesting of objects (64 levels of JSON) is served

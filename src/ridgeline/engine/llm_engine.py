@@ -138,7 +138,11 @@ class LLMEngine:
         if params.structured_outputs is None:
             return None
         self.num_constrained_requests += 1
-        return self.grammars.compile(params.structured_outputs).matcher()
+        matcher = self.grammars.compile(params.structured_outputs).matcher(
+            params.max_tokens if self.grammars.close_json else None)
+        # A plain greedy row needs only its mask's bits (Sampler.masked_argmax); any other, the additive row.
+        matcher.needs_bias = not (params.is_greedy and not params.changes_logits)
+        return matcher
 
     def _propose(self, seq: Sequence, max_tokens: int) -> list[int]:
         """Speculative guesses, none for a constrained request: its guesses would have to pass its grammar, and a
@@ -213,12 +217,12 @@ class LLMEngine:
         result = None
         if rows:
             sample_logits = sampled_rows(logits, rows)
-            grammar_bias = None
+            grammars = None
             if any(s.grammar is not None for s in seqs):
                 self.masks.wait()
-                grammar_bias = [None if s.grammar is None else s.grammar.bias() for s in seqs]
+                grammars = [s.grammar for s in seqs]
             result = self.sampler(sample_logits, [s.sampling_params for s in seqs],
-                                  [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs], grammar_bias)
+                                  [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs], grammars)
         samples, first = [], 0
         for chunk, chunk_rows in sampling:
             if chunk.draft_token_ids and not chunk.seq.sampling_params.is_greedy:

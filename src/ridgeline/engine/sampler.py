@@ -17,6 +17,7 @@ import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -40,6 +41,16 @@ class TokenLogprobs:
     top_logprobs: list[float]
 
 
+class GrammarMask(Protocol):
+    """A constrained row's mask (engine/structured/matcher.py GrammarMatcher)."""
+
+    def bias(self) -> torch.Tensor:
+        """[vocab] float32: 0 where allowed, -inf where forbidden."""
+
+    def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
+        """The first largest of `logits` among the allowed tokens; `best` is the unmasked row's argmax."""
+
+
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
@@ -61,19 +72,24 @@ class Sampler:
         params: Sequence[SamplingParams],
         prompt_token_ids: Sequence[Sequence[int]],
         output_token_ids: Sequence[Sequence[int]],
-        grammar_bias: Sequence[torch.Tensor | None] | None = None,
+        grammars: "Sequence[GrammarMask | None] | None" = None,
     ) -> SamplerOutput:
         """logits: [B, vocab] on any device, not modified; row i belongs to a sequence with params[i],
         whose prompt and generated-so-far tokens (for penalties and the seeded step) are given.
-        grammar_bias[i]: row i's grammar mask as a [vocab] row of 0 (allowed) / -inf (forbidden), or None."""
+        grammars[i]: row i's grammar mask (engine/structured/matcher.py), or None."""
         if not logits.shape[0] == len(params) == len(prompt_token_ids) == len(output_token_ids):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} params, "
                              f"{len(prompt_token_ids)} prompts and {len(output_token_ids)} outputs")
         raw = logits.float()
-        constrained = grammar_bias is not None and any(b is not None for b in grammar_bias)
-        if not constrained and all(p.is_greedy and not p.changes_logits for p in params):
+        constrained = grammars is not None and any(g is not None for g in grammars)
+        if all(p.is_greedy and not p.changes_logits for p in params):
             ids = argmax_rows(raw)  # the hot path: nothing to copy
+            if constrained:  # the best allowed token: the row's argmax where the grammar allows it (most rows)
+                for row, grammar in enumerate(grammars):
+                    if grammar is not None:
+                        ids[row] = grammar.masked_argmax(raw[row], ids[row])
         else:
+            grammar_bias = [None if g is None else g.bias() for g in grammars] if constrained else None
             ids = [0] * len(params)
             for start in range(0, len(params), ROW_CHUNK):
                 rows = range(start, min(start + ROW_CHUNK, len(params)))

@@ -5,7 +5,7 @@ grammar engine guarantees the arguments as it guarantees any JSON schema."""
 
 import json
 
-from ridgeline.json_schemas import closed_objects
+from ridgeline.json_schemas import DEFAULT_BOUNDS, bound_schema
 from ridgeline.tool_calls.spec import FunctionTool, ToolChoice
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -18,9 +18,19 @@ MAX_PARALLEL_CALLS = 5
 JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
 
 
+def strict(schema: dict) -> dict:
+    """A schema as the structured-outputs compiler reads one: objects closed, default bounds where it sets none
+    (json_schemas/), so a forced call's arguments end as a constrained answer does."""
+    return bound_schema(schema, DEFAULT_BOUNDS)
+
+
 def call_schema(tool: FunctionTool) -> dict:
-    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": closed_objects(tool.parameters)},
-            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_STYLE}
+    """The schema of one call. The arguments' definitions move up to the call's root: a `$ref` such as
+    "#/$defs/Role" means the parameters' root, which here is the call's."""
+    arguments = strict(tool.parameters)
+    definitions = {key: arguments.pop(key) for key in ("$defs", "definitions") if key in arguments}
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": arguments},
+            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_STYLE, **definitions}
 
 
 def tool_call_grammar(tools: list[FunctionTool], choice: ToolChoice, answer_schema: dict | None = None) -> str:
@@ -34,7 +44,7 @@ def tool_call_grammar(tools: list[FunctionTool], choice: ToolChoice, answer_sche
         else "calls: call"
     if answer_schema is not None:
         start = "start: calls | answer"
-        rules.append(f"answer: %json {json.dumps({**closed_objects(answer_schema), 'x-guidance': JSON_STYLE})}")
+        rules.append(f"answer: %json {json.dumps({**strict(answer_schema), 'x-guidance': JSON_STYLE})}")
     else:
         start = "start: calls"
     return "\n".join(["%llguidance {}", start, calls, call, *rules]) + "\n"

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import llguidance
 import numpy as np
 
-from ridgeline.json_schemas import closed_objects, schema_too_large
-from ridgeline.engine.structured.matcher import GrammarMatcher
+from ridgeline.engine.structured.matcher import GrammarMatcher, closing_window
+from ridgeline.json_schemas import DEFAULT_BOUNDS, JsonBounds, bound_schema, schema_too_large
 from ridgeline.engine.structured.params import StructuredOutputsParams
-from ridgeline.engine.structured.vocabulary import grammar_tokenizer
+from ridgeline.engine.structured.vocabulary import ClosingVocabulary, closing_vocabulary, grammar_tokenizer
 from ridgeline.errors import InvalidParameterError
 from ridgeline.model.tokenizer.base import Tokenizer
 
@@ -39,13 +39,17 @@ class CompilerStats:
 
 
 class CompiledGrammar:
-    def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int, compile_seconds: float):
+    def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int, compile_seconds: float,
+                 closing: ClosingVocabulary | None = None):
         self._pristine = pristine
         self.vocab_size = vocab_size
         self.compile_seconds = compile_seconds
+        self._closing = closing  # JSON grammars only: what an answer near max_tokens is steered to
 
-    def matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._pristine.deep_copy(), self.vocab_size)
+    def matcher(self, max_tokens: int | None = None) -> GrammarMatcher:
+        window = closing_window(max_tokens)
+        return GrammarMatcher(self._pristine.deep_copy(), self.vocab_size,
+                              None if window is None else max_tokens - window, self._closing)
 
 
 class GrammarCompiler:
@@ -56,22 +60,32 @@ class GrammarCompiler:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._closing: ClosingVocabulary | None = None
+        # JSON answers within closing_window(max_tokens) of their max_tokens are steered to close (matcher.py);
+        # False leaves them to be cut at max_tokens (finish_reason "length"), as vLLM does.
+        self.close_json = True
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self.stats = CompilerStats()
         self.limits = llguidance.LLParserLimits(**PARSER_LIMITS)
+        # Bounds a JSON schema gets where it sets none, so answers end (bounds.py); None compiles schemas as sent.
+        self.json_bounds: JsonBounds | None = DEFAULT_BOUNDS
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._ll_tokenizer is None:
                 self._ll_tokenizer = grammar_tokenizer(self._tokenizer, self.vocab_size)
+                self._closing = closing_vocabulary(self._tokenizer, self.vocab_size)
             return self._ll_tokenizer
 
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
         """The constraint compiled (from the cache when seen before); an InvalidParameterError naming
         `spec.source` when it is malformed, uses a feature the grammar engine does not support, or is too large."""
+        spec.validate()
         key = spec.cache_key()
+        if spec.json is not None or spec.json_object:
+            key += f"/{self.json_bounds.key() if self.json_bounds else 'unbounded'}"
         with self._lock:
             found = self._cache.get(key)
             if found is not None:
@@ -80,16 +94,29 @@ class GrammarCompiler:
                 return found
         tokenizer = self.ll_tokenizer
         started = time.perf_counter()
+        # The constraint as sent decides what is refused (bounds could make a refused schema pass: a oneOf whose
+        # branches overlap, say); the matcher is built from the bounded one (bounds.py), or from the one sent where
+        # the bounds alone break it (a recursion that must go deeper than the levels unrolled).
         grammar = self._grammar_text(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=self.limits)
         if is_error:
             self._refuse(spec, messages[0] if messages else "invalid grammar")
-        pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
+        pristine = None
+        if self._bounds_apply(spec):
+            pristine = llguidance.LLMatcher(tokenizer, self._grammar_text(spec, bounded=True), log_level=0,
+                                            limits=self.limits)
+            if pristine.is_error():
+                pristine = None
+        if pristine is None:
+            pristine = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=self.limits)
         if pristine.is_error():
             self._refuse(spec, pristine.get_error())
-        if not pristine.is_accepting() and _takes_nothing(pristine.deep_copy(), self.vocab_size):
-            self._refuse(spec, "it matches no text at all")  # else the answer would be empty, and look valid
-        compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started)
+        probe = pristine.deep_copy()  # llguidance finds a grammar that matches nothing when asked for a first mask
+        probe.compute_bitmask()
+        if probe.is_stopped() and not probe.is_accepting():
+            self._refuse(spec, "it matches nothing (no text can satisfy it)")
+        compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started,
+                                   self._closing if spec.json is not None or spec.json_object else None)
         with self._lock:
             self.stats.compiled += 1
             self.stats.compile_seconds += compiled.compile_seconds
@@ -98,26 +125,35 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return compiled
 
-    def _grammar_text(self, spec: StructuredOutputsParams) -> str:
+    def _bounds_apply(self, spec: StructuredOutputsParams) -> bool:
+        return self.json_bounds is not None and (spec.json is not None or spec.json_object)
+
+    def _grammar_text(self, spec: StructuredOutputsParams, bounded: bool = False) -> str:
         try:
             if spec.json_object or spec.json is not None:
-                schema = {"type": "object"} if spec.json_object else closed_objects(_schema_object(spec.json))
+                schema = {"type": "object"} if spec.json_object else _schema_object(spec.json)
+                if bounded and self._bounds_apply(spec):
+                    schema = bound_schema(schema, self.json_bounds)
                 options = dict(JSON_OPTIONS)
                 if spec.whitespace_pattern is not None:
                     options.update(whitespace_flexible=True, whitespace_pattern=spec.whitespace_pattern)
-                return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+                # As text: llguidance reads a dict through Python recursion that a deep one crashes (params.py).
+                return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema, allow_nan=False),
+                                                                     overrides=options)
             if spec.regex is not None:
                 return llguidance.LLMatcher.grammar_from_regex(spec.regex)
             if spec.choice is not None:
                 return llguidance.grammar_from("choice", list(spec.choice))
             return llguidance.grammar_from("grammar", spec.grammar)  # Lark, or GBNF converted to Lark
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, RecursionError) as error:
             self._refuse(spec, str(error))
 
     def _refuse(self, spec: StructuredOutputsParams, problem: str) -> None:
         with self._lock:
             self.stats.failed += 1
         problem = " ".join(problem.split())
+        if "is not present in a registry" in problem:  # llguidance's words for a $ref it would have to fetch
+            problem = f"a $ref outside the schema is not supported (only refs into it, such as #/$defs/...): {problem}"
         if len(problem) > 500:
             problem = problem[:500] + " ..."
         raise InvalidParameterError(f"{spec.source}: the {spec.kind.replace('_', ' ')} cannot be used: {problem}",
@@ -140,9 +176,3 @@ def _schema_object(schema: str | dict) -> dict:
         raise ValueError(f"the JSON schema is too large: {problem}")
     return parsed
 
-
-def _takes_nothing(matcher: llguidance.LLMatcher, vocab_size: int) -> bool:
-    """Whether a fresh matcher allows no first token: llguidance stops it when its first mask comes out empty."""
-    words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
-    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-    return matcher.is_stopped() or matcher.is_error() or not words.any()

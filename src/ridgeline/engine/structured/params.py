@@ -61,7 +61,12 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise InvalidParameterError(f"{self.source}: {name} must be a non-empty string", param=self.source)
-        if len(self.text()) > MAX_GRAMMAR_CHARS:
+        try:
+            text = self.text()
+        except (RecursionError, TypeError, ValueError) as error:  # deep nesting; what JSON cannot hold (a set, NaN)
+            raise InvalidParameterError(f"{self.source}: the JSON schema cannot be read: {error}",
+                                        param=self.source) from None
+        if len(text) > MAX_GRAMMAR_CHARS:
             raise InvalidParameterError(f"{self.source}: the {self.kind} is longer than {MAX_GRAMMAR_CHARS} characters",
                                         param=self.source)
 
@@ -70,7 +75,7 @@ class StructuredOutputsParams:
         if self.json_object:
             return ""
         if self.json is not None:
-            return json.dumps(self.json, sort_keys=True) if isinstance(self.json, dict) else self.json
+            return json.dumps(self.json, sort_keys=True, allow_nan=False) if isinstance(self.json, dict) else self.json
         if self.choice is not None:
             return json.dumps(list(self.choice))
         return self.regex if self.regex is not None else self.grammar
@@ -88,3 +93,4 @@ class StructuredOutputsParams:
             raise InvalidParameterError(f"{source}: unsupported key(s) {', '.join(sorted(unknown))} "
                                         f"(supported: {', '.join(sorted(known))})", param=source)
         return cls(**{k: v for k, v in value.items() if k in known and v is not None}, source=source)
+

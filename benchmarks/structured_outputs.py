@@ -1,0 +1,250 @@
+"""Structured outputs on the default model (Gemma 3 270M, 262,144-token vocabulary): what a constraint costs, and how
+many constrained answers are valid and finished.
+
+    .venv/bin/python benchmarks/structured_outputs.py [--repetitions 5] [--max-tokens 128] [--validity 96,192]
+                                                      [--skip-validity] [--json FILE]
+
+In one process under /tmp/ridgeline-cpu.lock:
+  vocabulary    building llguidance's view of the vocabulary (once per engine)
+  compile       a 50-property schema and corpus schemas, cold and cached (median)
+  mask          per row: llguidance's bitmask; the worker's part (mask + bits); a greedy row's masked argmax (a
+                random row: its argmax is rarely allowed); a sampled row's additive row and its add to the logits
+  decode        constrained vs unconstrained decode tok/s at batch 1 and 16: a JSON schema whose answer is one long
+                string (it runs to max_tokens, as the unconstrained run with ignore_eos does), the two interleaved
+                within each repetition, medians; decode tok/s = tokens after the first over first-to-last token time
+  ttft          wall time of a 1-token request: unconstrained, a cold grammar (a schema never seen), a cached one
+  validity      the whole corpus (tests/structured_schemas.py), greedy and sampled at temperature 1, with and without
+                the default bounds (json_schemas/bounds.py) and the closing near max_tokens (matcher.py):
+                finished answers, and how many of those validate (jsonschema, formats checked)
+  xgrammar      the same compile and mask timings through xgrammar, when it is installed (not a dependency)
+"""
+
+import argparse
+import datetime
+import fcntl
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from llamacpp_env import CPU_LOCK  # noqa: E402 - the one lock every benchmark takes
+from structured_schemas import SCHEMAS, run_corpus  # noqa: E402
+
+from ridgeline.engine.llm import LLM  # noqa: E402
+from ridgeline.engine.sampling_params import SamplingParams  # noqa: E402
+from ridgeline.engine.structured import StructuredOutputsParams as Structured  # noqa: E402
+from ridgeline.json_schemas import DEFAULT_BOUNDS  # noqa: E402
+
+PROMPT = "Write a long description of the sea, in JSON."
+LONG_ANSWER = {"type": "object", "properties": {"text": {"type": "string", "minLength": 4000, "maxLength": 5000}},
+               "required": ["text"]}
+
+
+def fifty_properties(salt: str = "") -> dict:
+    kinds = [{"type": "string", "maxLength": 40}, {"type": "integer", "minimum": 0, "maximum": 1000},
+             {"type": "boolean"}, {"type": "string", "enum": ["a", "b", "c"]}, {"type": "number"}]
+    properties = {f"field_{i}{salt}": kinds[i % len(kinds)] for i in range(50)}
+    return {"type": "object", "properties": properties, "required": list(properties)[:25], "additionalProperties": False}
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1000, 3)
+
+
+def vocabulary_seconds(llm: LLM) -> float:
+    started = time.perf_counter()
+    llm.engine.grammars.ll_tokenizer
+    return round(time.perf_counter() - started, 3)
+
+
+def compile_times(llm: LLM, repetitions: int) -> dict:
+    grammars = llm.engine.grammars
+    cold, cached = [], []
+    for i in range(repetitions):
+        spec = Structured(json=fifty_properties(f"_{time.monotonic_ns()}_{i}"))
+        started = time.perf_counter()
+        grammars.compile(spec)
+        cold.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        grammars.compile(spec)
+        cached.append(time.perf_counter() - started)
+    corpus = []
+    for case in SCHEMAS:
+        spec = Structured(json={**case.schema, "title": f"cold {time.monotonic_ns()}"})
+        started = time.perf_counter()
+        grammars.compile(spec)
+        corpus.append(time.perf_counter() - started)
+    return {"fifty_properties_cold_ms": median_ms(cold), "fifty_properties_cached_ms": median_ms(cached),
+            "corpus_cold_median_ms": median_ms(corpus), "corpus_cold_max_ms": round(max(corpus) * 1000, 3)}
+
+
+def mask_times(llm: LLM) -> dict:
+    """Per row, over the positions of real answers (the corpus's first 20 schemas, greedy)."""
+    grammars, vocab = llm.engine.grammars, llm.engine.model_config.vocab_size
+    answers = run_corpus(llm, SCHEMAS[:20], temperatures=(0.0,), max_tokens=64)
+    bitmask, bits, bias_row, argmax, apply_add = [], [], [], [], []
+    logits = torch.randn(vocab)
+    best = int(np.argmax(logits.numpy()))
+    for case, answer in zip(SCHEMAS[:20], answers):
+        matcher = grammars.compile(Structured(json=case.schema)).matcher()
+        matcher.needs_bias = False
+        for token in llm.tokenizer.encode(answer.text, add_bos=False)[:64]:
+            words = np.zeros((vocab + 31) // 32, dtype=np.int32)
+            started = time.perf_counter()
+            matcher._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            bitmask.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            matcher.compute()  # what the worker does for a greedy row: the mask and its bits
+            bits.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            matcher.masked_argmax(logits, best)  # the sampler's part for a greedy row (mostly not the argmax)
+            argmax.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            bias = matcher.bias()  # a sampled row's additive row, from the bits
+            bias_row.append(time.perf_counter() - started)
+            row = logits.clone()
+            started = time.perf_counter()
+            row.add_(bias)
+            apply_add.append(time.perf_counter() - started)
+            if not matcher.consume([token]):
+                break
+    return {"rows": len(bitmask), "llguidance_bitmask_ms": median_ms(bitmask), "mask_and_bits_ms": median_ms(bits),
+            "greedy_masked_argmax_ms": median_ms(argmax), "sampled_bias_row_ms": median_ms(bias_row),
+            "sampled_apply_add_ms": median_ms(apply_add)}
+
+
+def decode_rate(llm: LLM, batch: int, constrained: bool, max_tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=not constrained,
+                            structured_outputs=Structured(json=LONG_ANSWER) if constrained else None)
+    outputs = llm.generate([PROMPT] * batch, params, use_tqdm=False)
+    first = min(out.timings.token_times[0] for out in outputs)
+    last = max(out.timings.token_times[-1] for out in outputs)
+    tokens = sum(len(out.output_token_ids) - 1 for out in outputs)
+    assert all(len(out.output_token_ids) == max_tokens for out in outputs), "a constrained answer ended early"
+    return tokens / (last - first)
+
+
+def decode_times(llm: LLM, repetitions: int, max_tokens: int) -> dict:
+    result = {}
+    for batch in (1, 16):
+        decode_rate(llm, batch, True, 8)  # warm-up: buffers of this batch size, the grammar compiled
+        decode_rate(llm, batch, False, 8)
+        masks = llm.engine.masks
+        rates = {False: [], True: []}
+        mask_seconds, wait_seconds, num_masks = masks.mask_seconds, masks.wait_seconds, masks.num_masks
+        for _ in range(repetitions):
+            for constrained in (False, True):
+                rates[constrained].append(decode_rate(llm, batch, constrained, max_tokens))
+        rows = masks.num_masks - num_masks
+        result[f"batch_{batch}"] = {
+            "unconstrained_tok_s": round(statistics.median(rates[False]), 1),
+            "constrained_tok_s": round(statistics.median(rates[True]), 1),
+            "ratio": round(statistics.median(rates[True]) / statistics.median(rates[False]), 3),
+            "ratios_per_repetition": [round(c / u, 3) for u, c in zip(rates[False], rates[True])],
+            "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / rows * 1000, 3),
+            "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (rows / batch) * 1000, 3)}
+    return result
+
+
+def ttft_times(llm: LLM, repetitions: int) -> dict:
+    def once(structured: Structured | None) -> float:
+        started = time.perf_counter()
+        llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=1, structured_outputs=structured), use_tqdm=False)
+        return time.perf_counter() - started
+
+    plain, cold, cached = [], [], []
+    for i in range(repetitions):
+        spec = Structured(json=fifty_properties(f"_ttft_{time.monotonic_ns()}_{i}"))
+        plain.append(once(None))
+        cold.append(once(spec))
+        cached.append(once(spec))
+    return {"unconstrained_ms": median_ms(plain), "cold_grammar_ms": median_ms(cold), "cached_grammar_ms": median_ms(cached)}
+
+
+def validity(llm: LLM, max_tokens_list: list[int]) -> list[dict]:
+    grammars = llm.engine.grammars
+    modes = {"as sent (vLLM's behaviour)": (None, False), "bounds only": (DEFAULT_BOUNDS, False),
+             "closing only": (None, True), "bounds + closing (default)": (DEFAULT_BOUNDS, True)}
+    rows = []
+    for max_tokens in max_tokens_list:
+        for mode, (bounds, close) in modes.items():
+            grammars.json_bounds, grammars.close_json = bounds, close
+            started = time.perf_counter()
+            answers = run_corpus(llm, SCHEMAS, temperatures=(0.0, 1.0), max_tokens=max_tokens)
+            finished = [a for a in answers if a.finish_reason == "stop"]
+            rows.append({"max_tokens": max_tokens, "mode": mode, "answers": len(answers), "finished": len(finished),
+                         "valid_of_finished": sum(bool(a.valid) for a in finished),
+                         "valid_and_finished": round(sum(bool(a.valid) for a in finished) / len(answers), 3),
+                         "unfinished": sorted({a.case for a in answers if a.finish_reason != "stop"}),
+                         "invalid": [(a.case, a.temperature, a.problem) for a in finished if not a.valid],
+                         "seconds": round(time.perf_counter() - started, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    grammars.json_bounds, grammars.close_json = DEFAULT_BOUNDS, True
+    return rows
+
+
+def xgrammar_times(llm: LLM) -> dict | None:
+    try:
+        import xgrammar
+    except ImportError:
+        return None
+    vocab = llm.engine.model_config.vocab_size
+    tokens = [llm.tokenizer.token_bytes(i) for i in range(min(llm.tokenizer.vocab_size, vocab))]
+    started = time.perf_counter()
+    info = xgrammar.TokenizerInfo([t.decode("latin-1") for t in tokens], vocab_size=vocab,
+                                  stop_token_ids=sorted(llm.tokenizer.eos_ids))
+    compiler = xgrammar.GrammarCompiler(info)
+    vocabulary = time.perf_counter() - started
+    cold = []
+    for i in range(5):
+        started = time.perf_counter()
+        compiled = compiler.compile_json_schema(json.dumps(fifty_properties(f"_xg_{i}")))
+        cold.append(time.perf_counter() - started)
+    matcher = xgrammar.GrammarMatcher(compiled)
+    bitmask = xgrammar.allocate_token_bitmask(1, vocab)
+    masks = []
+    for _ in range(50):
+        started = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask)
+        masks.append(time.perf_counter() - started)
+    return {"vocabulary_s": round(vocabulary, 3), "fifty_properties_cold_ms": median_ms(cold),
+            "first_mask_ms": median_ms(masks), "note": "token bytes passed as latin-1 text (approximate)"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=128, help="decode length of the tok/s runs")
+    parser.add_argument("--validity", default="96,192", help="max_tokens of the corpus runs")
+    parser.add_argument("--skip-validity", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with open(CPU_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = datetime.datetime.now().astimezone()
+        llm = LLM()
+        report = {"started": started.isoformat(timespec="seconds"), "machine": platform.processor() or platform.machine(),
+                  "torch_threads": torch.get_num_threads(), "model": llm.engine.model_name,
+                  "vocab_size": llm.engine.model_config.vocab_size}
+        report["vocabulary_s"] = vocabulary_seconds(llm)
+        print(json.dumps(report), flush=True)
+        for name, measure in (("compile", lambda: compile_times(llm, args.repetitions)), ("mask", lambda: mask_times(llm)),
+                              ("decode", lambda: decode_times(llm, args.repetitions, args.max_tokens)),
+                              ("ttft", lambda: ttft_times(llm, args.repetitions)), ("xgrammar", lambda: xgrammar_times(llm))):
+            report[name] = measure()
+            print(json.dumps({name: report[name]}), flush=True)
+        if not args.skip_validity:
+            report["validity"] = validity(llm, [int(n) for n in args.validity.split(",")])
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
