@@ -39,7 +39,8 @@ PROMPTS = ["Describe a person who lives in Lisbon as JSON.", "Invent a software 
 
 
 def decode_rate(url: str, prompt: str, constrained: bool, max_tokens: int) -> tuple[float, int]:
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True}
     if constrained:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
