@@ -142,21 +142,26 @@ def test_priority_must_be_a_32_bit_integer() -> None:
 
 
 def test_greedy_outputs_with_mixed_priorities_match_each_prompt_alone() -> None:
-    engine = tiny_engine(max_num_seqs=3, num_blocks=12)  # a small pool: admission waits and preempts
+    engine = tiny_engine(max_num_seqs=3, num_blocks=12)  # a small pool and batch: admission waits and preempts
     prompts = [[3 + (i * 11 + j) % 200 for j in range(20 + 9 * i)] for i in range(6)]
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, priority=p) for p in (3, -1, 0, 3, -2, 1)]
 
-    def run(indexes):
-        for i in indexes:
-            engine.add_request(f"p{i}-{len(indexes)}", prompts[i], params[i])
-        done = {}
+    def run(waves):
+        """Add each wave of requests two steps after the one before; return each request's tokens."""
+        done, tag = {}, len(sum(waves, []))
+        for wave in waves:
+            for i in wave:
+                engine.add_request(f"p{i}-{tag}", prompts[i], params[i])
+            for _ in range(2):
+                done |= {out.request_id: out.output_token_ids for out in engine.step() if out.finished}
         while engine.has_unfinished():
             done |= {out.request_id: out.output_token_ids for out in engine.step() if out.finished}
         return done
 
-    together = run(range(6))
+    together = run([[0, 3, 5], [4, 1, 2]])  # the low priorities first, then the urgent ones preempt them
+    assert engine.scheduler.num_preemptions > 0
     for i in range(6):
-        alone = run([i])
+        alone = run([[i]])
         assert together[f"p{i}-6"] == alone[f"p{i}-1"], f"prompt {i}"
 
 
