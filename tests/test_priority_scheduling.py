@@ -75,12 +75,12 @@ def test_equal_priorities_are_first_come_first_served_and_all_finish(requests, p
     assert admitted == everyone, "first admitted in arrival order"
 
     # ... and exactly the schedule of the default priority (0): the same chunks, step by step.
-    def chunks_of(requests_, sink):
+    def chunks_into(sink):
         return lambda before, output, after: sink.append([(c.seq.request_id, c.start, c.num_tokens)
                                                           for c in output.chunks])
     steps_given, steps_default = [], []
-    drive(make_scheduler(**setup), same, chunks_of(same, steps_given))
-    drive(make_scheduler(**setup), [(a, p, m, 0) for a, p, m, _ in same], chunks_of(same, steps_default))
+    drive(make_scheduler(**setup), same, chunks_into(steps_given))
+    drive(make_scheduler(**setup), [(a, p, m, 0) for a, p, m, _ in same], chunks_into(steps_default))
     assert steps_given == steps_default
 
 
