@@ -41,13 +41,16 @@ class LLM:
         self._ids = itertools.count()
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Final outputs in prompt order; a prompt with n > 1 gives its n samples one after another (its prompt
-        is prefilled once: the other samples fork the first)."""
+        is prefilled once: the other samples fork the first). `priority`: one per prompt, as vLLM takes it (lower
+        is served first); it replaces the params' own priority."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if priority is not None:
+            per_prompt = [replace(p, priority=value) for p, value in zip(per_prompt, priority, strict=True)]
         order = []
         for prompt, prompt_params in zip(prompts, per_prompt, strict=True):
             first = None

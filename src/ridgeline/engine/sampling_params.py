@@ -18,6 +18,7 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
 LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's range: -100 bans a token, +100 all but forces it
 MAX_LOGIT_BIAS = 1024
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # a 32-bit integer, as vLLM's priority is typed
 
 
 @dataclass
@@ -42,6 +43,9 @@ class SamplingParams:
     # A grammar the output must match (JSON schema, regex, choice, Lark/GBNF): tokens it forbids are masked
     # before sampling, greedy and random alike (engine/structured/).
     structured_outputs: StructuredOutputsParams | None = None
+    # Scheduling priority, vLLM's semantics: a lower value is served first; equal values first come, first served
+    # (engine/scheduler.py, docs/priority_scheduling.md). Not a sampling setting, but it travels with the request.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # OpenAI accepts a single stop string; iterating it as a list would stop on every character.
@@ -90,6 +94,7 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        _check_int("priority", self.priority, *PRIORITY_RANGE)
         self._validate_stop()
         self._validate_stop_token_ids(vocab_size)
         self._validate_logit_bias(vocab_size)

@@ -15,6 +15,13 @@ estimate fitted to its own steps, engine/step_cost.py, or a simulator's step-tim
 spends the whole budget on prefill (time to first token). Chunking never changes a token (batch invariance), so
 the target only moves latency between prompts and streams.
 
+Priorities (SamplingParams.priority, vLLM's semantics: lower is served first) order all of this: the queue is kept
+sorted by priority, arrival order within one (a preempted sequence at the front of its own priority), so the
+queue's head is the most urgent request; the victim of a preemption is the running sequence of the lowest priority
+(largest value), the most recently admitted among those; and a waiting head that finds no room (KV pages or a
+slot in the batch) may preempt running sequences of strictly lower priority, never of its own or higher. With
+every priority equal (the default, 0) each of these is exactly the first-come-first-served rule above.
+
 No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
 """
 
@@ -164,8 +171,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.clock = clock
         self.proposer = proposer
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self.waiting: deque[Sequence] = deque()  # by priority, then arrival: the head is admitted first
+        self.running: list[Sequence] = []  # in admission order: of the lowest priority, the last one is preempted first
         self._requests: dict[str, Sequence] = {}
         # Forks waiting for their parent's prompt to be computed: parent id -> children, child id -> parent id.
         self._pending_forks: dict[str, list[Sequence]] = {}
@@ -201,7 +208,7 @@ class Scheduler:
         self._requests[seq.request_id] = seq
         parent = self._requests.get(fork_of) if fork_of is not None else None
         if parent is None:
-            self.waiting.append(seq)
+            self._enqueue(seq)
         elif parent.status is SequenceStatus.RUNNING and parent.num_computed_tokens >= parent.num_prompt_tokens:
             self._fork(parent, seq)
         else:
@@ -254,7 +261,7 @@ class Scheduler:
         """Run child now on the parent's computed full blocks that hold the child's leading tokens. With no room
         to run now, the child queues like a new request (and, with prefix caching, still finds those pages)."""
         if len(self.running) >= self.config.max_num_seqs:
-            self.waiting.append(child)
+            self._enqueue(child)
             return
         child.num_computed_tokens = child.num_cached_tokens = self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
@@ -266,7 +273,7 @@ class Scheduler:
             if parent.status is SequenceStatus.RUNNING:
                 self._fork(parent, child)
             else:  # the parent finished or was aborted before its prompt was computed: start on its own
-                self.waiting.append(child)
+                self._enqueue(child)
 
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
@@ -283,16 +290,30 @@ class Scheduler:
             budget = min(budget, step_budget.prefill_limit)
         budget = self._schedule_running(prefills, budget, scheduled, preempted, now)
 
-        # Admit in arrival order; none after a preemption (the pool is already short).
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+        # Admit in queue order (priority, then arrival); none after a preemption (the pool is already short), except
+        # the head that preempted lower-priority sequences to get in.
+        while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
-            # Prompt logprobs need logits at every prompt position, so such a request computes its whole prompt.
-            wants_prompt_logits = seq.sampling_params.prompt_logprobs is not None
-            cached = None if wants_prompt_logits else self.block_manager.find_cached_prefix(seq)
-            num_cached = len(cached[0]) * self.block_manager.block_size if cached else 0
-            num_tokens = self._chunk_size(seq.num_tokens - num_cached, budget)
-            if num_tokens == 0 or not self.block_manager.allocate(seq, num_tokens, cached):
-                break  # first come, first served: nobody overtakes the head of the queue
+            if len(self.running) >= self.config.max_num_seqs:
+                refund = self._preempt_lower(seq, scheduled, preempted)
+                if refund is None:
+                    break
+                budget += refund
+            while True:
+                # Prompt logprobs need logits at every prompt position, so such a request computes its whole prompt.
+                wants_prompt_logits = seq.sampling_params.prompt_logprobs is not None
+                cached = None if wants_prompt_logits else self.block_manager.find_cached_prefix(seq)
+                num_cached = len(cached[0]) * self.block_manager.block_size if cached else 0
+                num_tokens = self._chunk_size(seq.num_tokens - num_cached, budget)
+                if num_tokens and self.block_manager.allocate(seq, num_tokens, cached):
+                    break
+                refund = None if num_tokens == 0 else self._preempt_lower(seq, scheduled, preempted)
+                if refund is None:
+                    num_tokens = 0
+                    break
+                budget += refund
+            if num_tokens == 0:
+                break  # nobody overtakes the head of the queue: higher priority first, then first come, first served
             self.waiting.popleft()
             if seq.status is SequenceStatus.WAITING:
                 seq.num_cached_tokens = num_cached
@@ -327,7 +348,7 @@ class Scheduler:
                 draft = tuple(self.proposer(seq, min(budget - 1, self._draft_room(seq))))
                 num_tokens += len(draft)
             while not self.block_manager.allocate(seq, num_tokens):
-                victim = self.running.pop()
+                victim = self._pop_victim()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim in scheduled:  # a later-admitted decode loses its slot to an earlier prefill
@@ -338,6 +359,26 @@ class Scheduler:
                 scheduled[seq] = self._chunk(seq, num_tokens, now, draft)
                 budget -= num_tokens
         return budget
+
+    def _pop_victim(self) -> Sequence:
+        """Take the running sequence to preempt out of `running`: the lowest priority (largest value), and of
+        those the most recently admitted (with equal priorities, the last one, as first come, first served has it)."""
+        index = max(range(len(self.running)), key=lambda i: (self.running[i].priority, i))
+        return self.running.pop(index)
+
+    def _preempt_lower(self, seq: Sequence, scheduled: dict[Sequence, ScheduledChunk],
+                       preempted: list[Sequence]) -> int | None:
+        """Make room for the waiting `seq` by preempting one running sequence of strictly lower priority (the
+        victim _pop_victim would pick); returns the tokens of this step's budget its dropped chunk gave back, or
+        None, changing nothing, when there is no such sequence. A request is never preempted for one of its own
+        priority or a lower one, so with equal priorities this never preempts."""
+        if not self.running or max(other.priority for other in self.running) <= seq.priority:
+            return None
+        victim = self._pop_victim()
+        self._preempt(victim)
+        preempted.append(victim)
+        chunk = scheduled.pop(victim, None)
+        return 0 if chunk is None else chunk.num_tokens
 
     def _prefill_limit(self, decode_chunks: list[ScheduledChunk], budget: int, prefills: list[Sequence]) -> StepBudget:
         """The most prefill tokens (at least one page, at most `budget`) that keep the predicted time of a step of
@@ -494,8 +535,26 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
-        self.waiting.appendleft(seq)
+        self._requeue(seq)
         self.num_preemptions += 1
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Queue a new request behind every waiting one of its priority or a higher one (plain append when all
+        priorities are equal)."""
+        if not self.waiting or self.waiting[-1].priority <= seq.priority:
+            self.waiting.append(seq)
+            return
+        index = next((i for i, other in enumerate(self.waiting) if other.priority > seq.priority), len(self.waiting))
+        self.waiting.insert(index, seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Queue a preempted sequence ahead of every waiting one of its priority or a lower one (it was admitted
+        before them), behind those of higher priority (the front of the queue when all priorities are equal)."""
+        if not self.waiting or self.waiting[0].priority >= seq.priority:
+            self.waiting.appendleft(seq)
+            return
+        index = next((i for i, other in enumerate(self.waiting) if other.priority >= seq.priority), len(self.waiting))
+        self.waiting.insert(index, seq)
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> str | None:
         params = seq.sampling_params

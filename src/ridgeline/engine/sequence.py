@@ -56,6 +56,11 @@ class Sequence:
         return len(self.prompt_token_ids)
 
     @property
+    def priority(self) -> int:
+        """Lower is served first (SamplingParams.priority)."""
+        return self.sampling_params.priority
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 

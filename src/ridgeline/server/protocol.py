@@ -80,6 +80,7 @@ class SamplingFields(RequestModel):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    priority: int = 0  # lower is served first (docs/priority_scheduling.md); range checked by SamplingParams
     # Disaggregated prefill/decode, as vLLM's P/D connectors name it (server/disaggregation.py)
     kv_transfer_params: dict[str, Any] | None = None
     # Structured outputs (engine/structured/): OpenAI's response_format, vLLM's structured_outputs object, and the

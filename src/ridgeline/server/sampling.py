@@ -35,6 +35,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int | None, logprobs
         n=request.n,
         max_tokens=max_tokens,
         ignore_eos=request.ignore_eos,
+        priority=request.priority,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         structured_outputs=structured_outputs,

@@ -1,0 +1,177 @@
+"""Priority scheduling (SamplingParams.priority, vLLM's semantics: lower is served first, default 0).
+
+Property tests drive the scheduler alone through the paged fake model of test_scheduler.py (so every output is
+still checked against the tokens the request gets alone): equal priorities keep first come, first served and
+nobody starves; a request is never admitted while one of higher priority waits; a preemption takes the lowest
+priority, and a request is never preempted to admit one of its own priority or a lower one. Then the tiny model:
+greedy outputs with mixed priorities are those of each prompt alone; and the server takes `priority`.
+"""
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.scheduler import Scheduler
+from ridgeline.engine.sequence import Sequence, SequenceStatus
+from ridgeline.errors import InvalidParameterError
+from server_helpers import serve_tiny_model, tiny_engine
+from test_scheduler import PagedFakeModel, assert_all_correct, make_scheduler, make_seq, step
+
+# (arrival step, prompt length, max_tokens, priority)
+REQUEST = st.tuples(st.integers(0, 12), st.integers(1, 40), st.integers(1, 10), st.integers(-2, 2))
+SETUP = dict(
+    num_pages=st.integers(8, 40),
+    block_size=st.sampled_from([2, 4, 8]),
+    max_num_batched_tokens=st.integers(8, 64),
+    max_num_seqs=st.integers(1, 6),
+    enable_prefix_caching=st.booleans(),
+)
+
+
+def drive(scheduler: Scheduler, requests: list[tuple[int, int, int, int]], check_step=None,
+          max_steps: int = 4000) -> list[Sequence]:
+    """Add each request at its arrival step and step until all finish, calling check_step(before, output, after)
+    with the queue and batch around each step; returns the requests in arrival order."""
+    blocks = scheduler.block_manager
+    model = PagedFakeModel(blocks.num_pages, blocks.block_size, blocks.windows)
+    arrivals = sorted(range(len(requests)), key=lambda i: requests[i][0])
+    everyone: list[Sequence] = []
+    last_arrival = max(arrival for arrival, *_ in requests)
+    for step_index in range(max_steps):
+        for i in arrivals:
+            arrival, prompt_len, max_tokens, priority = requests[i]
+            if arrival == step_index:
+                prompt = [2 + (i * 7 + j) % 50 for j in range(prompt_len)]
+                # Within what the pool can ever hold, so every request can finish.
+                prompt = prompt[:scheduler.max_seq_len - 1]
+                seq = make_seq(f"r{i}", prompt, max_tokens=max_tokens, priority=priority)
+                scheduler.add_request(seq)
+                everyone.append(seq)
+        if not scheduler.has_unfinished() and step_index >= last_arrival:
+            return everyone
+        before = (list(scheduler.waiting), list(scheduler.running))
+        output, _ = step(scheduler, model)
+        assert [s.priority for s in scheduler.waiting] == sorted(s.priority for s in scheduler.waiting), \
+            "the queue is kept in priority order"
+        if check_step is not None:
+            check_step(before, output, (list(scheduler.waiting), list(scheduler.running)))
+    raise AssertionError("requests did not finish (starvation or a stuck queue)")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(REQUEST, min_size=1, max_size=14), priority=st.integers(-5, 5), **SETUP)
+def test_equal_priorities_are_first_come_first_served_and_all_finish(requests, priority, **setup) -> None:
+    scheduler = make_scheduler(**setup)
+    same = [(arrival, prompt_len, max_tokens, priority) for arrival, prompt_len, max_tokens, _ in requests]
+    admitted: list[Sequence] = []
+
+    def first_admissions(before, output, after):
+        admitted.extend(c.seq for c in output.chunks if c.seq not in admitted and c.seq in before[0])
+
+    everyone = drive(scheduler, same, first_admissions)
+    assert_all_correct(scheduler, everyone)
+    assert admitted == everyone, "first admitted in arrival order"
+
+    # ... and exactly the schedule of the default priority (0): the same chunks, step by step.
+    def chunks_into(sink):
+        return lambda before, output, after: sink.append([(c.seq.request_id, c.start, c.num_tokens)
+                                                          for c in output.chunks])
+    steps_given, steps_default = [], []
+    drive(make_scheduler(**setup), same, chunks_into(steps_given))
+    drive(make_scheduler(**setup), [(a, p, m, 0) for a, p, m, _ in same], chunks_into(steps_default))
+    assert steps_given == steps_default
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(REQUEST, min_size=1, max_size=14), **SETUP)
+def test_mixed_priorities_admit_by_priority_and_preempt_the_lowest(requests, **setup) -> None:
+    scheduler = make_scheduler(**setup)
+
+    def check(before, output, after):
+        waiting_before, running_before = before
+        waiting_after, running_after = after
+        admitted = [seq for seq in waiting_before if seq.status is SequenceStatus.RUNNING or
+                    (seq.is_finished and any(c.seq is seq for c in output.chunks))]
+        if admitted and waiting_after:
+            # Nobody got in while a request of higher priority (a smaller value) still waits.
+            assert max(s.priority for s in admitted) <= min(s.priority for s in waiting_after)
+        for victim in output.preempted:
+            # The victim had the lowest priority of all that keep running ...
+            assert all(seq.priority <= victim.priority for seq in running_after)
+            # ... and nobody of its own priority or a lower one was admitted in its place.
+            assert all(seq.priority < victim.priority for seq in admitted)
+
+    everyone = drive(scheduler, requests, check)
+    assert_all_correct(scheduler, everyone)  # each request's tokens are those it gets alone
+    assert scheduler.block_manager.num_free_pages == scheduler.block_manager.num_pages
+
+
+def test_a_waiting_urgent_request_preempts_a_lower_priority_one_for_room() -> None:
+    scheduler = make_scheduler(num_pages=6, block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+                               enable_prefix_caching=False)
+    model = PagedFakeModel(6, 4)
+    batch = make_seq("batch", list(range(2, 18)), max_tokens=8, priority=5)  # 16 tokens: 4 of the 6 pages
+    scheduler.add_request(batch)
+    step(scheduler, model)
+    urgent = make_seq("urgent", list(range(20, 32)), max_tokens=2, priority=-1)  # 12 tokens: 3 pages
+    scheduler.add_request(urgent)
+    output, _ = step(scheduler, model)
+    assert output.preempted == [batch] and [c.seq for c in output.chunks] == [urgent]
+    assert list(scheduler.waiting) == [batch]
+    # One of equal priority waits instead.
+    scheduler2 = make_scheduler(num_pages=6, block_size=4, max_num_batched_tokens=64, max_num_seqs=4,
+                                enable_prefix_caching=False)
+    model = PagedFakeModel(6, 4)
+    first = make_seq("first", list(range(2, 18)), max_tokens=8, priority=1)
+    scheduler2.add_request(first)
+    step(scheduler2, model)
+    second = make_seq("second", list(range(20, 32)), max_tokens=2, priority=1)
+    scheduler2.add_request(second)
+    output, _ = step(scheduler2, model)
+    assert output.preempted == [] and [c.seq for c in output.chunks] == [first]
+
+
+def test_priority_must_be_a_32_bit_integer() -> None:
+    SamplingParams(priority=-(2**31)).validate()
+    for bad in (2**31, 1.5, True, "1"):
+        with pytest.raises(InvalidParameterError) as caught:
+            SamplingParams(priority=bad).validate()
+        assert caught.value.param == "priority"
+
+
+def test_greedy_outputs_with_mixed_priorities_match_each_prompt_alone() -> None:
+    engine = tiny_engine(max_num_seqs=3, num_blocks=12)  # a small pool and batch: admission waits and preempts
+    prompts = [[3 + (i * 11 + j) % 200 for j in range(20 + 9 * i)] for i in range(6)]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, priority=p) for p in (3, -1, 0, 3, -2, 1)]
+
+    def run(waves):
+        """Add each wave of requests two steps after the one before; return each request's tokens."""
+        done, tag = {}, len(sum(waves, []))
+        for wave in waves:
+            for i in wave:
+                engine.add_request(f"p{i}-{tag}", prompts[i], params[i])
+            for _ in range(2):
+                done |= {out.request_id: out.output_token_ids for out in engine.step() if out.finished}
+        while engine.has_unfinished():
+            done |= {out.request_id: out.output_token_ids for out in engine.step() if out.finished}
+        return done
+
+    together = run([[0, 3, 5], [4, 1, 2]])  # the low priorities first, then the urgent ones preempt them
+    assert engine.scheduler.num_preemptions > 0
+    for i in range(6):
+        alone = run([[i]])
+        assert together[f"p{i}-6"] == alone[f"p{i}-1"], f"prompt {i}"
+
+
+def test_the_server_takes_priority_and_refuses_a_bad_one() -> None:
+    with serve_tiny_model(max_num_seqs=2) as server:
+        for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})):
+            ok = httpx.post(server.url + path, json=body | {"priority": -3}, timeout=60)
+            assert ok.status_code == 200, ok.text
+            for bad in (2**40, 1.5, "high", None):
+                response = httpx.post(server.url + path, json=body | {"priority": bad}, timeout=60)
+                assert response.status_code == 400, (bad, response.text)
+                assert response.json()["error"]["param"] == "priority"
