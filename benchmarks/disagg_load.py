@@ -168,8 +168,10 @@ def main() -> None:
     parser.add_argument("--leave-fraction", type=float, default=0.0)
     parser.add_argument("--kv-cache-memory", default="512MiB", help="each worker's")
     parser.add_argument("--decode-kv-cache-memory", default=None, help="the decode worker's, if not --kv-cache-memory")
-    parser.add_argument("--proxy-args", default="", help="extra `ridgeline proxy` options, space-separated")
-    parser.add_argument("--decode-args", default="", help="extra options of the decode worker, space-separated")
+    parser.add_argument("--proxy-args", default="", help="extra `ridgeline proxy` options, space-separated (with "
+                        "--ray: given to `serve`, e.g. --handoff-wait 0)")
+    parser.add_argument("--decode-args", default="", help="extra options of the decode worker, space-separated (with "
+                        "--ray: given to `serve`, e.g. --max-kv-waiting 4)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     model = ["--model", args.model] if args.model else []
@@ -178,8 +180,10 @@ def main() -> None:
         if args.url:
             url = args.url
         elif args.ray:
+            # serve on Ray takes the front's options and the decode workers' (one HandoffConfig): both lists go to it
             process, url = start(["serve", *model, "--prefill-workers", "1", "--decode-workers", "1", "--threads", "1",
-                                  "--kv-cache-memory", args.kv_cache_memory], log_name="ray-front")
+                                  "--kv-cache-memory", args.kv_cache_memory, *args.proxy_args.split(),
+                                  *args.decode_args.split()], log_name="ray-front")
             processes.append(process)
         else:
             decode_kv = args.decode_kv_cache_memory or args.kv_cache_memory

@@ -386,3 +386,44 @@ def test_a_prefilled_request_the_decode_worker_has_no_room_for_yet_waits_at_the_
         assert metric(proxy.url, "ridgeline_front_refusals_total") == 0
         assert metric(proxy.url, "ridgeline_front_handoff_waits_total") == 1
         assert metric(prefill.url, "ridgeline_kv_held_requests") == 0
+
+
+def test_serve_on_ray_gives_the_front_and_its_workers_one_handoff_config(monkeypatch):
+    """`ridgeline serve --prefill-workers N --decode-workers M` takes the proxy's hand-off options and the decode
+    worker's KV queue bound, and hands them, as one HandoffConfig, to the front it runs and to the pool that starts
+    its workers (each decode worker reads its bound from there: tests/test_disaggregated_ray.py). Ray itself is not
+    started here: the pool and the HTTP server are stand-ins."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from ridgeline.cli import app, register_commands
+    from ridgeline.cluster import ray_pool
+    from ridgeline.cluster.handoff import HandoffConfig
+
+    seen = {}
+
+    class Pool:
+        def __init__(self, config, start, address=None):
+            seen["pool"] = config
+
+        def urls(self, role: str) -> list[str]:
+            return [f"http://{role}.invalid"]
+
+        def refresh(self) -> None:
+            pass
+
+        def shutdown(self) -> None:
+            seen["shut down"] = True
+
+    monkeypatch.setattr(ray_pool, "RayWorkerPool", Pool)
+    monkeypatch.setattr(uvicorn, "run", lambda served, **_: seen.setdefault("front", served.state.front))
+    register_commands(["serve"])
+    result = CliRunner().invoke(app, ["serve", "--prefill-workers", "1", "--decode-workers", "2", "--max-reprefills",
+                                      "5", "--handoff-wait", "3.5", "--max-kv-waiting", "7", "--local-prefill-tokens",
+                                      "9"])
+    assert result.exit_code == 0, result.output
+    assert seen["pool"].handoff == HandoffConfig(local_prefill_tokens=9, max_reprefills=5, handoff_wait=3.5,
+                                                 max_kv_waiting=7)
+    config = seen["front"].config
+    assert (config.max_reprefills, config.handoff_wait, config.local_prefill_tokens) == (5, 3.5, 9)
+    assert seen["pool"].decode_workers == 2 and seen["shut down"]

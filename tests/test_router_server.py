@@ -137,3 +137,106 @@ def test_no_replica_up_is_a_503_with_retry_after(stack):
     finally:
         for replica in router.groups["large"].replicas:
             router.health[replica.name].passed()
+
+
+# ------------------------------------------------------------------ busy backends (a disaggregated front's 503s)
+
+
+def refusing_app(status: int, retry_after: str, code: str, calls: list) -> FastAPI:
+    """A backend that is up and refuses every request as a disaggregated front does when its decode side is full:
+    `status` with Retry-After and an OpenAI error body naming why. Counts the requests it saw in `calls`."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({})
+
+    @app.post("/{path:path}")
+    async def refuse(path: str):
+        calls.append(path)
+        return JSONResponse({"error": {"message": "the decode worker takes no more now; retry later",
+                                       "type": "server_error", "param": None, "code": code}},
+                            status_code=status, headers={"Retry-After": retry_after})
+
+    return app
+
+
+def answering_app(calls: list) -> FastAPI:
+    """A backend that answers every completion (a canned one) and says it re-prefilled it once."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health():
+        return JSONResponse({})
+
+    @app.post("/{path:path}")
+    async def answer(path: str):
+        calls.append(path)
+        return JSONResponse({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "stub",
+                             "choices": [{"index": 0, "text": " ok", "finish_reason": "length", "logprobs": None}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
+                            headers={"x-ridgeline-reprefills": "1"})
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def busy_stack():
+    calls = {"busy": [], "throttled": [], "busy-of-two": [], "live": []}
+    with BackgroundServer(refusing_app(503, "7", "decode_busy", calls["busy"])) as busy, \
+            BackgroundServer(refusing_app(429, "3", "rate_limited", calls["throttled"])) as throttled, \
+            BackgroundServer(refusing_app(503, "30", "decode_busy", calls["busy-of-two"])) as busy_of_two, \
+            BackgroundServer(answering_app(calls["live"])) as live:
+
+        async def build() -> Router:
+            groups = [ModelGroup("front", 0.5, [HttpReplica("front/0", "front", busy.url)]),
+                      ModelGroup("limited", 0.5, [HttpReplica("limited/0", "limited", throttled.url)]),
+                      # The busy replica listed first: the request must get past it to the one that answers.
+                      ModelGroup("fronts", 0.5, [HttpReplica("fronts/0", "fronts", busy_of_two.url),
+                                                 HttpReplica("fronts/1", "fronts", live.url)])]
+            rates = {r.name: Rates(*TEST_RATES, "configured") for g in groups for r in g.replicas}
+            router = Router(groups, rates, health_interval_s=3600, learn_rates=False)
+            await router.start()
+            return router
+
+        with BackgroundServer(create_router_app(build)) as server:
+            yield server, calls
+
+
+def test_a_busy_backend_alone_is_passed_on_as_its_503_and_retry_after_never_a_4xx_or_502(busy_stack):
+    """The only replica of a model (a disaggregated front) answers 503 + Retry-After: 7 (its decode side full). The
+    client gets that 503, its body and its Retry-After; streamed or not; and while the replica is busy the router
+    answers 503 with the time left of its Retry-After itself, without sending it more."""
+    server, calls = busy_stack
+    body = {"model": "front", "prompt": "the fox", "max_tokens": 4}
+    refused = httpx.post(server.url + "/v1/completions", json=body)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "7"
+    assert refused.json()["error"]["code"] == "decode_busy"
+    assert len(calls["busy"]) == 1
+    again = httpx.post(server.url + "/v1/completions", json={**body, "stream": True})
+    assert again.status_code == 503 and 1 <= int(again.headers["retry-after"]) <= 7
+    assert again.json()["error"]["code"] == "no_backend_available"
+    assert len(calls["busy"]) == 1  # its Retry-After is honoured
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+        with pytest.raises(openai.InternalServerError) as raised:
+            client.completions.create(**body)
+        assert raised.value.status_code == 503
+
+
+def test_a_backend_429_is_passed_on_as_a_429_with_its_retry_after(busy_stack):
+    server, calls = busy_stack
+    refused = httpx.post(server.url + "/v1/chat/completions",
+                         json={"model": "limited", "messages": [{"role": "user", "content": "hi"}]})
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "3"
+    assert refused.json()["error"]["code"] == "rate_limited" and len(calls["throttled"]) == 1
+
+
+def test_a_busy_backend_with_another_replica_is_skipped_for_it(busy_stack):
+    """Of two replicas the first answers 503 + Retry-After: the request goes to the other, which answers it (its
+    x-ridgeline-* headers passed on); the busy one is left alone for its Retry-After."""
+    server, calls = busy_stack
+    for _ in range(2):
+        answered = httpx.post(server.url + "/v1/completions", json={"model": "fronts", "prompt": "x", "max_tokens": 1})
+        assert answered.status_code == 200 and answered.json()["choices"][0]["text"] == " ok"
+        assert answered.headers["x-ridgeline-reprefills"] == "1"
+    assert len(calls["busy-of-two"]) == 1 and len(calls["live"]) == 2

@@ -1,12 +1,18 @@
 """`ridgeline serve`: the OpenAI-compatible HTTP server over one model."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from ridgeline.cli.app import app
+from ridgeline.cli.disaggregation_options import (HANDOFF_WAIT, LOCAL_PREFILL_TOKENS, MAX_KV_WAITING, MAX_REPREFILLS,
+                                                 handoff_config)
 from ridgeline.cli.engine_options import ITL_TARGET_MS, KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
+
+if TYPE_CHECKING:
+    from ridgeline.cluster.handoff import HandoffConfig
 
 
 @app.command("serve", help="Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, metrics).")
@@ -37,12 +43,14 @@ def serve_command(
     role: str = typer.Option("both", "--role", help="both: prefill and decode here (colocated). prefill / decode: one side of disaggregated serving behind `ridgeline proxy`; a prefill worker keeps each prompt's KV pages for a decode worker to pull."),
     kv_bind: str = typer.Option("tcp://127.0.0.1:*", "--kv-bind", help="A prefill worker's KV endpoint, e.g. tcp://0.0.0.0:5557 (* = any free port)."),
     kv_host: str = typer.Option(None, "--kv-host", help="The host decode workers dial for this prefill worker's KV (default: as bound)."),
-    max_kv_waiting: int = typer.Option(64, "--max-kv-waiting", min=1, help="A decode worker: requests whose prefilled KV waits for room here beyond which new ones get 503 (and /v1/kv/lookup says not accepting, so a front refuses before it spends a prefill)."),
+    max_kv_waiting: int = MAX_KV_WAITING,
     kv_link_rate: float = typer.Option(None, "--kv-link-rate", min=1, help="A prefill worker sends its KV pages at most this many bytes/s, page by page: emulates a slower link than the real one (benchmarks, fault tests)."),
     prefill_workers: int = typer.Option(0, "--prefill-workers", min=0, help="Disaggregated on Ray: this many prefill workers as Ray actors (with --decode-workers), behind one endpoint here."),
     decode_workers: int = typer.Option(0, "--decode-workers", min=0, help="Disaggregated on Ray: this many decode workers as Ray actors."),
     ray_address: str = typer.Option(None, "--ray-address", help="The Ray cluster for --prefill-workers/--decode-workers (default: start a local one)."),
-    local_prefill_tokens: int = typer.Option(64, "--local-prefill-tokens", min=0, help="With Ray workers: prompts shorter than this are prefilled on the decode worker."),
+    local_prefill_tokens: int = LOCAL_PREFILL_TOKENS,
+    handoff_wait: float = HANDOFF_WAIT,
+    max_reprefills: int = MAX_REPREFILLS,
     router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
@@ -57,8 +65,8 @@ def serve_command(
             from ridgeline.errors import RidgelineError
 
             raise RidgelineError("Ray workers take one KV type for K and V: use --kv-cache-dtype")
-        _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, local_prefill_tokens, threads,
-                      kv_cache_memory, kv_cache_dtype)
+        _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, threads, kv_cache_memory,
+                      kv_cache_dtype, handoff_config(local_prefill_tokens, max_reprefills, handoff_wait, max_kv_waiting))
         return
     from ridgeline.cli.engine_options import engine_config, parse_itl_target
     from ridgeline.dashboard.machine import machine_named
@@ -118,9 +126,11 @@ def serve_command(
 
 
 def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int, decode_workers: int,
-                  ray_address: str | None, local_prefill_tokens: int, threads: int | None, kv_cache_memory: str,
-                  kv_cache_dtype: str) -> None:
-    """Pools of prefill and decode workers placed and restarted by Ray, and the disaggregated front here."""
+                  ray_address: str | None, threads: int | None, kv_cache_memory: str, kv_cache_dtype: str,
+                  settings: "HandoffConfig") -> None:
+    """Pools of prefill and decode workers placed and restarted by Ray, and the disaggregated front here; both read
+    the hand-off settings from `settings` (the front its re-prefills and hand-off wait, each decode worker its KV
+    queue bound), so the guarantees of `ridgeline proxy` over `serve --role` hold here as they are set there."""
     import uvicorn
 
     from ridgeline.errors import RidgelineError
@@ -138,13 +148,13 @@ def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int
     configure_logging()
     config = PoolConfig(model=None if model is None else str(model.resolve()), prefill_workers=prefill_workers,
                         decode_workers=decode_workers, threads_per_worker=threads or 1,
-                        kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype)
+                        kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, handoff=settings)
     console = Console(stderr=True)
     with console.status(f"starting {prefill_workers} prefill and {decode_workers} decode workers on Ray"):
         pool = RayWorkerPool(config, start_worker_server, address=ray_address)
     console.print(f"prefill workers: {', '.join(pool.urls('prefill'))}; decode workers: {', '.join(pool.urls('decode'))}")
     try:
-        uvicorn.run(create_front_app(FrontConfig(local_prefill_tokens=local_prefill_tokens), pool), host=host,
+        uvicorn.run(create_front_app(FrontConfig.of(settings), pool), host=host,
                     port=port, access_log=False, log_level="info")
     finally:
         pool.shutdown()

@@ -1,8 +1,10 @@
 """Any OpenAI-compatible server (llama.cpp's llama-server, vLLM, another ridgeline) as a replica: the request
 body goes through as the client sent it, with the model renamed to what that server calls it.
 
-A connection that fails is a dead replica; 429 and 503 are a busy one (skipped for its Retry-After); a stream
-cut mid-way ends with an explicit error event, never a hang.
+A connection that fails is a dead replica; 429 and 503 are a busy one (skipped for its Retry-After: another
+replica is tried, and if none takes the request the client gets that 429/503, its body and a Retry-After); a
+stream cut mid-way ends with an explicit error event, never a hang. A disaggregated front (`ridgeline proxy`, or
+`serve --prefill-workers`) refuses so when its decode side is full, before it spends a prefill.
 """
 
 from collections.abc import AsyncIterator
@@ -53,9 +55,14 @@ class HttpReplica(Replica):
         except httpx.HTTPError as error:
             raise ReplicaUnavailable(f"{self.name}: cannot reach {self.url}: {type(error).__name__}: {error}") from None
         if response.status_code in (429, 503):
-            await response.aclose()
+            try:
+                content = await response.aread()  # the backend's reason (a disaggregated front's decode_busy, ...)
+            except httpx.HTTPError:
+                content = None
+            finally:
+                await response.aclose()
             raise ReplicaBusy(f"{self.name}: answered {response.status_code}",
-                              parse_retry_after(response.headers.get("retry-after")))
+                              parse_retry_after(response.headers.get("retry-after")), response.status_code, content)
         return response
 
     async def relay(self, response: httpx.Response) -> AsyncIterator[bytes]:

@@ -8,9 +8,11 @@ else in ridgeline needs it.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
+
+from ridgeline.cluster.handoff import HandoffConfig
 
 ROLES = ("prefill", "decode")
 
@@ -25,6 +27,9 @@ class PoolConfig:
     kv_cache_memory: str = "1GiB"
     kv_cache_dtype: str = "bf16"
     max_restarts: int = -1  # Ray restarts a dead worker this many times (-1: always)
+    # The deployment's hand-off settings: each decode worker's KV queue bound and each prefill worker's lease come
+    # from here, the front's part (re-prefills, hand-off wait) from the same value (FrontConfig.of).
+    handoff: HandoffConfig = field(default_factory=HandoffConfig)
 
 
 def _worker_actor_class():

@@ -2,7 +2,9 @@
 
 It keeps the replicas' health (a background probe; a failed request takes a replica out at once), their load
 counted at dispatch (load.py), the prefix blocks they hold (affinity.py) and their rates (rates.py), and sends a
-request to the best usable replica, failing over to the next while nothing has been produced yet. Once a replica
+request to the best usable replica, failing over to the next while nothing has been produced yet (a replica that
+answered 429/503 is busy: skipped until its Retry-After; when none takes a request, the client gets a 503, or the
+busy backend's own 429/503, with Retry-After -- never a 4xx or a 502 for a request that was valid). Once a replica
 has produced output for a request, a failure ends that request with an explicit error (ReplicaFailed): it is
 never silently re-run, and never left waiting.
 """
@@ -29,6 +31,7 @@ from ridgeline.cluster.tier_policy import TierCandidate, TierDecision, calibrate
 from ridgeline.engine.outputs import RequestOutput
 
 logger = logging.getLogger("ridgeline.router")
+PASSED_HEADERS = ("retry-after",)  # an OpenAI server's headers passed on to the client (and x-ridgeline-*)
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Forwarded:
     content_type: str
     body: AsyncIterator[bytes]
     replica: str
+    headers: dict[str, str] = field(default_factory=dict)  # the backend's Retry-After and x-ridgeline-* headers
 
 
 class Router:
@@ -154,6 +158,23 @@ class Router:
         now = time.monotonic()
         return [r.name for r in self.groups[model].replicas if self.health[r.name].usable(now)]
 
+    def retry_after(self, model: str) -> float | None:
+        """Seconds until the soonest of `model`'s busy replicas is usable again (None: none is busy, or none up)."""
+        now = time.monotonic()
+        waits = [self.health[r.name].busy_until - now for r in self.groups[model].replicas
+                 if self.health[r.name].up and self.health[r.name].busy_until > now]
+        return min(waits) if waits else None
+
+    def _none_took(self, model: str, refusals: list[str], busy: list[ReplicaBusy]) -> NoReplicaAvailable:
+        """What a client is told when no replica of `model` took its request: the busy backend's own refusal that
+        ends soonest (status, body, Retry-After) if one refused it, else a 503 with the soonest Retry-After."""
+        soonest = min(busy, key=lambda b: b.retry_after if b.retry_after is not None else 1.0, default=None)
+        retry_after = soonest.retry_after if soonest is not None else self.retry_after(model)
+        return NoReplicaAvailable(f"no replica of {model!r} could take the request"
+                                  + (f" ({'; '.join(refusals)})" if refusals else
+                                     " (all busy)" if retry_after is not None else " (none is up)"),
+                                  retry_after, soonest)
+
     def rank(self, model: str, prompt_tokens: int, output_tokens: int | None = None,
              prompt_ids: list[int] | None = None) -> list[ReplicaChoice]:
         """Usable replicas of `model`, best first, with the prompt blocks each holds and its predicted cost."""
@@ -229,7 +250,7 @@ class Router:
         """The request's outputs from the best replica of a ridgeline model, failing over while none has come."""
         prompt_tokens = len(request.prompt_token_ids)
         ranked = self.rank(model, prompt_tokens, request.params.max_tokens, request.prompt_token_ids)
-        refusals = []
+        refusals, busy = [], []
         for choice in ranked:
             name = choice.replica
             replica = self.replicas[name]
@@ -261,15 +282,16 @@ class Router:
                 self._on_refused(model, name, error)
                 outcome = "failed_over"
                 refusals.append(f"{name}: {error}")
+                if isinstance(error, ReplicaBusy):
+                    busy.append(error)
             finally:
                 self._finish(model, name, request.request_id, outcome)
-        raise NoReplicaAvailable(f"no replica of {model!r} could take the request"
-                                 + (f" ({'; '.join(refusals)})" if refusals else " (none is up)"))
+        raise self._none_took(model, refusals, busy)
 
     async def forward(self, model: str, path: str, body: dict, prompt_tokens: int, request_id: str) -> Forwarded:
         """Send an OpenAI request body to the best replica of an OpenAI-server model, failing over while none has
         answered. The body streams through; a connection cut part-way ends it with an error event."""
-        refusals = []
+        refusals, busy = [], []
         for choice in self.rank(model, prompt_tokens, body.get("max_tokens")):
             name = choice.replica
             replica: HttpReplica = self.replicas[name]
@@ -280,11 +302,14 @@ class Router:
                 self._finish(model, name, request_id, "failed_over")
                 self._on_refused(model, name, error)
                 refusals.append(f"{name}: {error}")
+                if isinstance(error, ReplicaBusy):
+                    busy.append(error)
                 continue
+            passed = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS
+                      or k.lower().startswith("x-ridgeline-")}
             return Forwarded(response.status_code, response.headers.get("content-type", "application/json"),
-                             self._relay(model, name, replica, response, request_id), name)
-        raise NoReplicaAvailable(f"no replica of {model!r} could take the request"
-                                 + (f" ({'; '.join(refusals)})" if refusals else " (none is up)"))
+                             self._relay(model, name, replica, response, request_id), name, passed)
+        raise self._none_took(model, refusals, busy)
 
     async def _relay(self, model: str, name: str, replica: HttpReplica, response, request_id: str) -> AsyncIterator[bytes]:
         outcome = "cancelled"

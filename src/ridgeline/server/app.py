@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from ridgeline.cluster.handoff import KV_LEASE_SECONDS
 from ridgeline.cluster.kv_transfer.source import KVSource
 from ridgeline.cluster.kv_transfer.zmq_transport import ZmqKVServer, ZmqTransport, advertised
 from ridgeline.dashboard.feed import DashboardFeed
@@ -53,7 +54,7 @@ class ServerConfig:
     role: str = "both"  # "prefill" or "decode": one side of disaggregated serving (server/disaggregation.py)
     kv_bind: str = "tcp://127.0.0.1:*"  # a prefill worker's KV endpoint (port * = any free port)
     kv_advertise_host: str | None = None  # the host decode workers reach it at, if not the bound one
-    kv_lease_seconds: float = 30.0  # a prefill worker frees pages no decode worker collected within this
+    kv_lease_seconds: float = KV_LEASE_SECONDS  # a prefill worker frees pages no decode worker collected within this
     kv_link_bytes_per_second: float | None = None  # a prefill worker paces its KV pages so (emulates a slow link)
     max_kv_waiting: int = MAX_KV_WAITING  # a decode worker's requests waiting for KV room beyond which it refuses
     request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)

@@ -38,6 +38,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from ridgeline.cluster import handoff
 from ridgeline.cluster.kv_transfer.zmq_transport import ZmqTransport
 from ridgeline.server.errors import error_response
 from ridgeline.server.kv_leases import LeaseKeeper
@@ -60,12 +61,20 @@ HANDOFF_RETRY_SECONDS = 0.5
 class FrontConfig:
     prefill_urls: tuple[str, ...] = ()
     decode_urls: tuple[str, ...] = ()
-    local_prefill_tokens: int = 64  # prompts whose uncached part is shorter are prefilled on the decode worker
+    local_prefill_tokens: int = handoff.LOCAL_PREFILL_TOKENS  # prompts whose uncached part is shorter are
+    # prefilled on the decode worker
     timeout: float = 600.0
-    max_reprefills: int = 2  # prefills again of one request whose held pages were gone, before a 503
+    max_reprefills: int = handoff.MAX_REPREFILLS  # prefills again of one request whose held pages were gone, before a 503
     # A prefilled request the decode worker has no room to take yet (its KV queue full) waits here this long, its
     # pages kept alive, before a 503: the prefill is spent already, and the queue drains as its requests pull.
-    handoff_wait: float = 30.0
+    handoff_wait: float = handoff.HANDOFF_WAIT_SECONDS
+
+    @classmethod
+    def of(cls, settings: handoff.HandoffConfig, prefill_urls: tuple[str, ...] = (),
+           decode_urls: tuple[str, ...] = ()) -> "FrontConfig":
+        """The front's part of a deployment's hand-off settings (the workers read theirs from the same value)."""
+        return cls(tuple(prefill_urls), tuple(decode_urls), settings.local_prefill_tokens,
+                   max_reprefills=settings.max_reprefills, handoff_wait=settings.handoff_wait)
 
 
 class StaticPool:

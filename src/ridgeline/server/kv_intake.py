@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ridgeline.cluster.handoff import MAX_KV_WAITING
 from ridgeline.cluster.kv_transfer.messages import TransferFailed
 from ridgeline.cluster.kv_transfer.receiver import KVTransport, commit, fetch, reserve
 from ridgeline.engine.engine_thread import EngineThread
@@ -28,7 +29,7 @@ from ridgeline.server.errors import APIError
 from ridgeline.server.kv_leases import LeaseKeeper
 from ridgeline.server.metrics import ServerMetrics
 
-MAX_KV_WAITING = 64  # requests taken and waiting for room here, beyond which new ones are refused
+# MAX_KV_WAITING (cluster/handoff.py): requests taken and waiting for room here, beyond which new ones are refused
 
 
 @dataclass(frozen=True)

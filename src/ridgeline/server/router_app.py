@@ -8,6 +8,7 @@ goes through as sent. `auto` first asks the router which model is worth its cost
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -34,8 +35,29 @@ logger = logging.getLogger("ridgeline.router")
 
 
 def api_error(error: ReplicaError) -> APIError:
-    headers = {"Retry-After": f"{max(1, round(error.retry_after or 1))}"} if error.status in (429, 503) else None
+    headers = {"Retry-After": _seconds(error.retry_after)} if error.status in (429, 503) else None
     return APIError(error.status, str(error), code=error.code, headers=headers)
+
+
+def _seconds(retry_after: float | None) -> str:
+    return f"{max(1, math.ceil(retry_after or 1))}"
+
+
+def replica_error_response(error: ReplicaError) -> Response:
+    """What the client gets when no replica served its request. A backend that refused it as busy (429/503: a
+    disaggregated front whose decode side is full, a server at capacity) is passed on as it answered -- its status,
+    its error body, its Retry-After -- when no other replica took the request: busy is never made a 4xx or a 502."""
+    busy = getattr(error, "busy", None)
+    if busy is not None and busy.body:
+        try:
+            reason = json.loads(busy.body)["error"]
+        except (ValueError, KeyError, TypeError):
+            reason = None
+        if isinstance(reason, dict):
+            return Response(busy.body, busy.status, media_type="application/json",
+                            headers={"Retry-After": _seconds(error.retry_after)})
+    failed = api_error(error)
+    return error_response(failed.status, str(failed), code=failed.code, headers=failed.headers)
 
 
 class RoutedSubmission(Submission):
@@ -71,7 +93,7 @@ class RoutedEngine:
     def submit(self, requests: list[AddRequest]) -> RoutedSubmission:
         if not self.router.usable(self.model):
             raise APIError(503, f"no replica of {self.model!r} is up; retry later", code="no_backend_available",
-                           headers={"Retry-After": "1"})
+                           headers={"Retry-After": _seconds(self.router.retry_after(self.model))})
         return RoutedSubmission(self.router, self.model, requests)
 
 
@@ -158,7 +180,8 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
             if group.is_http:
                 forwarded = await router.forward(model, path, body, _prompt_tokens(body, group.chars_per_token),
                                                  new_request_id("route"))
-                return StreamingResponse(forwarded.body, status_code=forwarded.status, media_type=forwarded.content_type)
+                return StreamingResponse(forwarded.body, status_code=forwarded.status, media_type=forwarded.content_type,
+                                         headers=forwarded.headers)
             try:
                 request = request_class.model_validate({**body, "model": model})
             except ValidationError as error:
@@ -166,7 +189,7 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
                 return error_response(400, message, param)
             return respond(await handler(contexts[model], request, raw))
         except ReplicaError as error:
-            raise api_error(error) from None
+            return replica_error_response(error)
         finally:
             logger.debug("routed to %s in %.3f ms", model, (time.perf_counter() - started) * 1e3)
 

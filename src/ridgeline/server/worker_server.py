@@ -14,7 +14,9 @@ def start_worker_server(role: str, config: PoolConfig, host: str) -> str:
     engine = LLMEngine(engine_config(config.model, threads=config.threads_per_worker,
                                      kv_cache_memory=config.kv_cache_memory, kv_cache_dtype=config.kv_cache_dtype))
     engine.populate_kv_in_background()
-    server = BackgroundServer(create_app(engine, ServerConfig(host=host, role=role, kv_bind=f"tcp://{host}:*")),
+    server = BackgroundServer(create_app(engine, ServerConfig(host=host, role=role, kv_bind=f"tcp://{host}:*",
+                                                              max_kv_waiting=config.handoff.max_kv_waiting,
+                                                              kv_lease_seconds=config.handoff.kv_lease_seconds)),
                               host=host)
     freeze_startup_heap()
     server.__enter__()  # serves until the process (the actor) ends
