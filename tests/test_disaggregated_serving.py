@@ -107,6 +107,31 @@ def test_constrained_answers_through_the_front_equal_colocated(cluster):
     assert_no_pages_leaked(prefill, decode)
 
 
+def test_a_forced_tool_call_through_the_front_equals_colocated():
+    """Tools reach the prefill worker's template and the front's sizing of the prompt (/tokenize renders them), and
+    the call's grammar holds across the hand-off. A longer context: the tool listing is most of 512 tokens here."""
+    tools = [{"type": "function", "function": {"name": "rate", "parameters": {
+        "type": "object", "properties": {"n": {"enum": [1, 2, 3]}}, "required": ["n"]}}}]
+
+    def serve_long(role: str = "both"):
+        return BackgroundServer(create_app(tiny_engine(context=2048, num_blocks=512), ServerConfig(role=role)))
+
+    with serve_long("prefill") as prefill, serve_long("decode") as decode, serve_long() as colocated:
+        front = create_front_app(FrontConfig((prefill.url,), (decode.url,), local_prefill_tokens=1))
+        with BackgroundServer(front) as proxy:
+            calls = []
+            for url in (proxy.url, colocated.url):
+                api = client(url)
+                answer = api.chat.completions.create(
+                    model=api.models.list().data[0].id, messages=[{"role": "user", "content": "go"}], tools=tools,
+                    tool_choice="required", parallel_tool_calls=False, max_tokens=120, temperature=0).choices[0]
+                assert answer.finish_reason == "tool_calls"
+                calls.append([(c.function.name, c.function.arguments) for c in answer.message.tool_calls])
+            assert calls[0] == calls[1] and calls[0][0][0] == "rate"
+            assert metric(decode.url, "ridgeline_kv_transfer_pages_received_total") > 0  # it went through P/D
+            assert_no_pages_leaked(prefill.url, decode.url)
+
+
 def test_a_prefill_worker_gone_before_the_pull_fails_the_request_cleanly():
     with serve("decode") as decode:
         with serve("prefill") as prefill:

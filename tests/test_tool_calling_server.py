@@ -146,3 +146,16 @@ def test_metrics_count_constrained_requests_compiles_cache_hits_and_masks(server
     assert after["ridgeline_grammar_cache_hits"] - before["ridgeline_grammar_cache_hits"] >= 1
     assert after["ridgeline_grammar_masks"] > before["ridgeline_grammar_masks"]
     assert after["ridgeline_grammar_compile_seconds"] > 0
+
+
+def test_tokenize_counts_a_chat_prompt_with_its_tools_as_the_chat_endpoint_does(server, client):
+    """/tokenize (and the P/D front's /v1/kv/lookup, which asks it) renders the tools into the prompt as a chat
+    completion does; else a front sizes a prompt without them and sends the decode worker more than it can hold."""
+    import httpx
+
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required"}
+    with_tools = httpx.post(f"{server.url}/tokenize", json=body).json()["count"]
+    without = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}).json()["count"]
+    usage = client.chat.completions.create(model=model(client), messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=1).usage
+    assert with_tools == usage.prompt_tokens > without

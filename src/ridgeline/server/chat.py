@@ -23,7 +23,7 @@ from ridgeline.server.protocol import (
     TopLogprob,
     Usage,
 )
-from ridgeline.server.chat_tools import chat_constraint, chat_tools
+from ridgeline.server.chat_tools import chat_constraint, chat_prompt, chat_tools
 from ridgeline.server.structured import compile_ahead
 from ridgeline.tool_calls import ToolCallDelta
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
@@ -46,10 +46,8 @@ class ChatJob:
         self.request = request
         self.id = new_request_id("chatcmpl")
         self.started = time.monotonic()
-        self.tools = chat_tools(request)
-        self.messages, template_tools = self.tools.template_input([m.for_template() for m in request.messages],
-                                                                  ctx.tokenizer.effective_chat_template)
-        self.prompt_ids = ctx.chat_prompt_ids(self.messages, request.add_generation_prompt, template_tools)
+        self.prompt_ids, self.tools = chat_prompt(ctx, request)
+        self.messages = [m.for_template() for m in request.messages]  # as logged
         max_tokens_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens=request.max_new_tokens(), logprobs=top_logprobs, prompt_logprobs=None,

@@ -314,7 +314,8 @@ class DisaggregatedFront:
                 ids = prompt  # token ids already
             else:
                 ask = {"messages": body["messages"]} if "messages" in body else {"prompt": prompt}
-                for key in ("add_generation_prompt", "split_special_tokens"):  # tokenized as the request will be
+                for key in ("add_generation_prompt", "split_special_tokens", "tools", "tool_choice",
+                            "parallel_tool_calls"):  # tokenized as the request will be
                     if key in body:
                         ask[key] = body[key]
                 tokenized = await self.client.post(f"{prefill_url}/tokenize", json=ask)

@@ -258,6 +258,10 @@ class TokenizeRequest(RequestModel):
     add_special_tokens: bool = True  # BOS, where the model wants one
     add_generation_prompt: bool = True
     split_special_tokens: bool = SPLIT_SPECIAL_TOKENS_DEFAULT
+    # A chat request's tools change its prompt (the template shows them): tokenized as that request would be.
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> "TokenizeRequest":
