@@ -81,22 +81,24 @@ class Sampler:
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(params)} params, "
                              f"{len(prompt_token_ids)} prompts and {len(output_token_ids)} outputs")
         raw = logits.float()
-        constrained = grammars is not None and any(g is not None for g in grammars)
-        if all(p.is_greedy and not p.changes_logits for p in params):
+        grammars = grammars if grammars is not None and any(g is not None for g in grammars) else None
+        plain = [p.is_greedy and not p.changes_logits for p in params]
+        if all(plain):
             ids = argmax_rows(raw)  # the hot path: nothing to copy
-            if constrained:  # the best allowed token: the row's argmax where the grammar allows it (most rows)
-                for row, grammar in enumerate(grammars):
-                    if grammar is not None:
-                        ids[row] = grammar.masked_argmax(raw[row], ids[row])
         else:
-            grammar_bias = [None if g is None else g.bias() for g in grammars] if constrained else None
+            # A plain greedy row's grammar is applied below, from its bits; only the others need an additive row.
+            grammar_bias = None if grammars is None else [
+                None if g is None or plain[row] else g.bias() for row, g in enumerate(grammars)]
             ids = [0] * len(params)
             for start in range(0, len(params), ROW_CHUNK):
                 rows = range(start, min(start + ROW_CHUNK, len(params)))
-                chosen = self._sample_chunk(raw, params, prompt_token_ids, output_token_ids, rows,
-                                            grammar_bias if constrained else None)
+                chosen = self._sample_chunk(raw, params, prompt_token_ids, output_token_ids, rows, grammar_bias)
                 for row, token_id in zip(rows, chosen):
                     ids[row] = token_id
+        if grammars is not None:  # a plain greedy row: the best allowed token, its argmax wherever that is allowed
+            for row, grammar in enumerate(grammars):
+                if grammar is not None and plain[row]:
+                    ids[row] = grammar.masked_argmax(raw[row], ids[row])
 
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         logprobs: list[TokenLogprobs | None] = [None] * len(params)
