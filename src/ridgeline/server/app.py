@@ -18,7 +18,7 @@ from ridgeline.errors import RidgelineError
 from ridgeline.napkin.hardware import THIS_MACHINE
 from ridgeline.server.async_engine import AsyncEngine
 from ridgeline.server.chat import create_chat_completion
-from ridgeline.server.chat_tools import chat_prompt
+from ridgeline.server.chat_tools import chat_prompt_ids
 from ridgeline.server.completions import create_completion
 from ridgeline.server.dashboard import install_dashboard
 from ridgeline.server.disaggregation import ROLES, WorkerRole
@@ -156,7 +156,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         front prefills on this worker what is cached or short enough, and moves KV only for the rest."""
         ctx.check_model(request.model)
         if request.messages is not None:
-            tokens, _ = chat_prompt(ctx, request)
+            tokens = chat_prompt_ids(ctx, request)
         else:
             tokens = ctx.prompt_ids(request.prompt, "prompt", special=ctx.text_special(request.split_special_tokens))
         intake = driver.kv_intake
@@ -170,7 +170,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     async def tokenize(request: TokenizeRequest) -> Response:
         ctx.check_model(request.model)
         if request.messages is not None:
-            tokens, _ = chat_prompt(ctx, request)
+            tokens = chat_prompt_ids(ctx, request)
         else:
             tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False,
                                           special=ctx.text_special(request.split_special_tokens))

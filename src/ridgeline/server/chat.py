@@ -6,6 +6,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from ridgeline.engine.structured import StructuredOutputsParams
+from ridgeline.server.chat_tools import chat_constraint, chat_prompt_ids, chat_tools
+from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -23,10 +26,6 @@ from ridgeline.server.protocol import (
     TopLogprob,
     Usage,
 )
-from ridgeline.server.chat_tools import chat_constraint, chat_prompt, chat_tools
-from ridgeline.server.structured import compile_ahead
-from ridgeline.tool_calls import ToolCallDelta
-from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.serving import (
     ServingContext,
@@ -37,21 +36,27 @@ from ridgeline.server.serving import (
     new_request_id,
     sse,
 )
+from ridgeline.server.structured import compile_ahead
+from ridgeline.tool_calls import ToolCallDelta, Toolset
 
 
 class ChatJob:
-    def __init__(self, ctx: ServingContext, request: ChatCompletionRequest):
+    def __init__(self, ctx: ServingContext, request: ChatCompletionRequest, tools: Toolset,
+                 constraint: StructuredOutputsParams | None):
+        """`tools` and `constraint`: the request's, read once by create_chat_completion (which compiles the
+        constraint off the event loop first)."""
         ctx.check_model(request.model)
         self.ctx = ctx
         self.request = request
         self.id = new_request_id("chatcmpl")
         self.started = time.monotonic()
-        self.prompt_ids, self.tools = chat_prompt(ctx, request)
+        self.tools = tools
+        self.prompt_ids = chat_prompt_ids(ctx, request, tools)
         self.messages = [m.for_template() for m in request.messages]  # as logged
         max_tokens_param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         top_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = sampling_params(request, max_tokens=request.max_new_tokens(), logprobs=top_logprobs, prompt_logprobs=None,
-                                 structured_outputs=chat_constraint(request, self.tools))
+                                 structured_outputs=constraint)
         admitted = admit(ctx.admission, self.prompt_ids, params,
                          {"prompt": "messages", "logprobs": "top_logprobs", "max_tokens": max_tokens_param})
         self.engine_requests = engine_requests(ctx.role, self.id, admitted, request.n, request.kv_transfer_params)
@@ -142,5 +147,7 @@ def _tool_call_chunk(delta: ToolCallDelta) -> ToolCallChunk:
 
 
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest, raw: Request):
-    await compile_ahead(ctx.admission, chat_constraint(request, chat_tools(request)))
-    return await answer(ctx, ChatJob(ctx, request), raw)
+    tools = chat_tools(request)
+    constraint = chat_constraint(request, tools)
+    await compile_ahead(ctx.admission, constraint)
+    return await answer(ctx, ChatJob(ctx, request, tools, constraint), raw)

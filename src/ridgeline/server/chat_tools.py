@@ -11,13 +11,14 @@ from ridgeline.server.structured import requested_constraint
 from ridgeline.tool_calls import Toolset
 
 
-def chat_prompt(ctx, request) -> tuple[list[int], Toolset]:
+def chat_prompt_ids(ctx, request, tools: Toolset | None = None) -> list[int]:
     """A chat request's prompt ids, its tools shown as the template takes them (the default presentation where it
-    has no tool section), and those tools: what a chat completion, /tokenize and /v1/kv/lookup all tokenize."""
-    tools = chat_tools(request)
+    has no tool section): what a chat completion, /tokenize and /v1/kv/lookup all tokenize. `tools`: the
+    request's, when already read."""
+    tools = tools if tools is not None else chat_tools(request)
     messages, template_tools = tools.template_input([m.for_template() for m in request.messages],
                                                     ctx.tokenizer.effective_chat_template)
-    return ctx.chat_prompt_ids(messages, request.add_generation_prompt, template_tools), tools
+    return ctx.chat_prompt_ids(messages, request.add_generation_prompt, template_tools)
 
 
 def chat_tools(request: ChatCompletionRequest) -> Toolset:
