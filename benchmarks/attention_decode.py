@@ -6,7 +6,7 @@ One call per layer, as a decode step makes them: `--rows` sequences, each one qu
 Gemma 3 270M's heads by default (4 query heads on 1 KV head of 256 values, bf16 pages of 16 tokens). Each layer has
 its own cache, so K and V come from DRAM as they do in the engine. The pages of a sequence are either scattered
 over the cache (what a long-running server's block tables look like) or consecutive. Beside the times: the KV
-bytes a step reads, the GB/s that makes, and the read bandwidth measured in the same run (bench/measure.py).
+bytes a step reads, the GB/s that makes, and the read bandwidth measured in the same run (machine/measure.py).
 Runs under /tmp/ridgeline-cpu.lock.
 """
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ridgeline.bench.measure import measure_read_bandwidth
+from ridgeline.machine.measure import measure_read_bandwidth
 from ridgeline.model.native import NO_TENSOR, compiled
 
 from llamacpp_env import CPU_LOCK  # noqa: E402 - the one lock every benchmark takes

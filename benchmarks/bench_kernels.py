@@ -5,7 +5,7 @@ GEMM (compute-bound path) on one weight matrix, beside torch's bf16 matmul on th
 GB/s counts the weight bytes each path must read once (quantised planes, or the dense bf16 matrix); GFLOP/s is
 2*M*out*in per call. The crossover column is where the GEMM path starts to win. The gemv's rate is also given as a
 share of this machine's VPDPBUSD peak (the instruction its inner loop is made of), measured at the start of the
-same run with the same threads (bench/measure.py: a shared machine's clock moves between runs).
+same run with the same threads (machine/measure.py: a shared machine's clock moves between runs).
 
     flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/bench_kernels.py [--threads 2] [--json]
 """
@@ -17,7 +17,7 @@ import time
 import torch
 from gguf import GGMLQuantizationType as T
 
-from ridgeline.bench.measure import measure_instruction_peaks
+from ridgeline.machine.measure import measure_instruction_peaks
 from ridgeline.model.quant import kernels
 from ridgeline.model.quant.packing import pack
 from ridgeline.model.quant.random_blocks import random_stored

@@ -16,7 +16,7 @@ import random
 
 import numpy as np
 
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.engine.options import engine_config
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.engine.sampling_params import SamplingParams

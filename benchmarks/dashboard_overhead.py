@@ -37,7 +37,7 @@ from ridgeline.engine.sequence import Sequence
 from ridgeline.engine.step_record import StepRecorder
 from ridgeline.model.checkpoint import read_checkpoint, resolve_model_path
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
-from ridgeline.bench.model_source import shape_from_checkpoint
+from ridgeline.model.model_source import shape_from_checkpoint
 
 CHROMIUM = "/usr/bin/chromium"
 

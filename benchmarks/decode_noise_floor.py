@@ -29,7 +29,7 @@ NEIGHBOURS = {
 
 
 def measure(steps: int, rows: int) -> dict:
-    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.engine.options import engine_config
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.engine.sampling_params import SamplingParams
 

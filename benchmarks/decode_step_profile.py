@@ -6,7 +6,7 @@ One greedy request on the engine (the bundled default model unless --model), `--
 (src/ridgeline/bench/step_profile.py: each module's forward wrapped, exclusive times): every matmul by role and
 storage format with the weight bytes a call streams and the GB/s that makes, attention, norms, the rest of the
 model, and everything outside it. Beside it the read bandwidth measured in the same run (a STREAM-like sum,
-bench/measure.py). `--rows`: also bare forward passes of that many generated-token rows with logits for each,
+machine/measure.py). `--rows`: also bare forward passes of that many generated-token rows with logits for each,
 the shape of a speculative verification step (1 + K rows), to see what the extra rows cost and where.
 A layer that runs as one compiled call (model/layers/decode_layer.py) is one part; `--modules` runs every layer
 module by module instead (the same bits, slower), so that each op is timed on its own.
@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 import torch
 
-from ridgeline.bench.measure import measure_read_bandwidth
+from ridgeline.machine.measure import measure_read_bandwidth
 from ridgeline.bench.step_profile import OUTSIDE, StepProfiler, format_profile
 from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine

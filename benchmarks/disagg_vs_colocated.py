@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 
 from ridgeline.bench.bench_serve import FILLER_WORDS, BenchServeConfig, Prompt, send_request
-from ridgeline.bench.serve_metrics import Slo, summarise
+from ridgeline.workload.serve_metrics import Slo, summarise
 
 LOAD_ARGS = ("model", "streams", "stream_tokens", "long_prompt_tokens", "long_output", "long_rate", "duration",
              "slo_ttft_ms", "slo_itl_ms")

@@ -192,7 +192,7 @@ def main() -> None:
     from llamacpp_env import llamacpp_python
 
     from ridgeline.bench.bench_throughput import ThroughputConfig, run_throughput
-    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.engine.options import engine_config
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.model.checkpoint import resolve_model_path
 

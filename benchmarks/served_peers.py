@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
-from ridgeline.bench.serve_metrics import RequestResult
+from ridgeline.workload.serve_metrics import RequestResult
 
 # (label, key of figures(), format): the rows print_table shows by default.
 DEFAULT_ROWS = (

@@ -12,7 +12,7 @@ import cProfile
 import pstats
 import time
 
-from ridgeline.bench.serve_metrics import Slo
+from ridgeline.workload.serve_metrics import Slo
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.setup import SimOptions, deployment
 from ridgeline.sim.simulator import simulate

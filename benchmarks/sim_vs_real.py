@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/sim_vs_real.py --only table
 
 1. `ridgeline profile --through-server` starts `ridgeline serve`, drives its own calibration load through it
-   (sim/server_profile.py CalibrationLoad: another seed, other prompt and output lengths, another shared prefix)
+   (bench/server_profile.py CalibrationLoad: another seed, other prompt and output lengths, another shared prefix)
    and fits the cycle time of the server's back-to-back steps from GET /v1/steps: what serving costs per step,
    not LLMEngine.step timed alone. The profile is kept in benchmarks/out/sim_vs_real/ (and copied to
    docs/sim_validation_profile.json by the table) and measured again only when its stamp no longer matches
@@ -39,7 +39,7 @@ from statistics import median
 from ridgeline.bench.served import ridgeline_server
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve
-from ridgeline.bench.serve_metrics import Slo
+from ridgeline.workload.serve_metrics import Slo
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
@@ -48,7 +48,7 @@ from ridgeline.napkin.plot import plot_measured_vs_simulated
 from ridgeline.sim.metrics import summarise_run
 from ridgeline.sim.setup import SimOptions, deployment
 from ridgeline.sim.simulator import simulate
-from ridgeline.sim.trace import TraceRequest, read_trace, write_trace
+from ridgeline.workload.trace import TraceRequest, read_trace, write_trace
 from ridgeline.sim.workload import from_trace, poisson_arrivals, random_ids
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from ridgeline.errors import RidgelineError  # noqa: E402
 from ridgeline.napkin.hardware import catalogued  # noqa: E402
 from ridgeline.napkin.model_specs import MODEL_SPECS  # noqa: E402
 from ridgeline.napkin.roofline import Roofline  # noqa: E402
-from ridgeline.bench.serve_metrics import Slo  # noqa: E402
+from ridgeline.workload.serve_metrics import Slo  # noqa: E402
 from ridgeline.sim.kv_pool import kv_pool  # noqa: E402
 from ridgeline.sim.metrics import summarise_run  # noqa: E402
 from ridgeline.sim.setup import SimOptions, deployment  # noqa: E402

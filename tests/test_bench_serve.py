@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from typer.testing import CliRunner
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, check_target
-from ridgeline.bench.serve_metrics import Slo
+from ridgeline.workload.serve_metrics import Slo
 from ridgeline.cli import register_commands
 from ridgeline.cli.app import app as cli_app
 from ridgeline.errors import RidgelineError
@@ -208,7 +208,7 @@ def test_cli_prints_json_and_writes_both_plots(stub, tmp_path):
 
 
 def test_record_writes_a_trace_that_replays_and_simulates(stub, tmp_path):
-    from ridgeline.sim.trace import read_trace
+    from ridgeline.workload.trace import read_trace
     from ridgeline.sim.workload import from_trace, poisson_arrivals
 
     base_url, _ = stub
@@ -230,7 +230,7 @@ def test_a_trace_replays_every_request_at_its_arrival_without_a_concurrency_cap(
     """Without --concurrency, four requests arriving together are in flight together (the stub holds each until
     all four are: sent one at a time, the first would wait out its 10 s and the peak would be 1)."""
     from ridgeline.cli.bench_serve import load_levels
-    from ridgeline.sim.trace import TraceRequest, read_trace, write_trace
+    from ridgeline.workload.trace import TraceRequest, read_trace, write_trace
 
     base_url, app = stub
     trace = write_trace(tmp_path / "burst.jsonl", [TraceRequest(0.0, 4, None, f"w{i} w{i}", None) for i in range(4)])

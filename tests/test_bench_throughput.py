@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from ridgeline.bench import bench_throughput
 from ridgeline.bench.bench_throughput import ThroughputConfig, run_throughput
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.cli.bench_throughput import parse_batch_sizes
-from ridgeline.cli.engine_options import engine_config
+from ridgeline.engine.options import engine_config
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
 from ridgeline.napkin.measured import parse_points

@@ -7,7 +7,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ridgeline.bench import bench_latency, measure, this_machine
+from ridgeline.bench import bench_latency
+from ridgeline.machine import measure, this_machine
 from ridgeline.cli import register_commands
 from ridgeline.cli.app import app
 from ridgeline.napkin.hardware import catalogue, catalogue_version, observations

@@ -7,7 +7,7 @@ import pytest
 from benchmark_scripts import benchmark_module
 from compiled_kernels import needs_compiled
 
-from ridgeline.bench.measure import measure_instruction_peaks
+from ridgeline.machine.measure import measure_instruction_peaks
 from ridgeline.model.native import compiled
 
 

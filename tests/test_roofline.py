@@ -3,7 +3,7 @@
 import pytest
 from tiny_models import build_hf_model
 
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.napkin.hardware import Hardware, catalogued, observations

@@ -69,7 +69,7 @@ def test_ridgeline_tuned_turns_the_knobs_vllm_tuned_turns(bench, tmp_path):
     for knob in ("--max-num-seqs", "--max-num-batched-tokens"):  # the same batch and token budget as vLLM's
         assert ours[knob] == theirs[knob]
     assert ours["--itl-target-ms"] == "off"  # vLLM has no ITL target: its steps fill the budget
-    from ridgeline.cli.engine_options import parse_itl_target
+    from ridgeline.engine.options import parse_itl_target
     assert parse_itl_target(ours["--itl-target-ms"]) is None  # and the server reads "off" as no target
 
 

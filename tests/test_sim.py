@@ -19,9 +19,9 @@ from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.napkin.hardware import catalogued
-from ridgeline.bench.model_source import shape_from_checkpoint
+from ridgeline.model.model_source import shape_from_checkpoint
 from ridgeline.napkin.model_specs import model_spec
-from ridgeline.bench.serve_metrics import Slo
+from ridgeline.workload.serve_metrics import Slo
 from ridgeline.sim.engine_path import NAPKIN
 from ridgeline.sim.kv_pool import kv_pool
 from ridgeline.sim.metrics import summarise_run
@@ -29,7 +29,7 @@ from ridgeline.sim.replica import Replica, request_params
 from ridgeline.sim.roofline_time import RooflineStepTime
 from ridgeline.sim.simulator import Deployment, simulate
 from ridgeline.sim.step_time import StepTerms, TermsOf
-from ridgeline.sim.trace import TraceRequest, read_trace, write_trace
+from ridgeline.workload.trace import TraceRequest, read_trace, write_trace
 from ridgeline.sim.workload import SimRequest, Workload, from_trace, synthetic
 
 RIDGELINE = str(Path(sys.executable).parent / "ridgeline")

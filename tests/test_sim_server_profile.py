@@ -15,11 +15,11 @@ from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.engine.step_record import PrefillChunk, StepRecord
 from ridgeline.errors import RidgelineError
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.napkin.model_specs import model_spec
 from ridgeline.sim.calibrated import TERMS, CalibratedStepTime, Profile, features
 from ridgeline.sim.engine_path import NAPKIN, EnginePath
-from ridgeline.sim.server_profile import CalibrationLoad, cycles, drive, fit_cycles, read_steps
+from ridgeline.bench.server_profile import CalibrationLoad, cycles, drive, fit_cycles, read_steps
 from ridgeline.sim.stamp import Stamp
 from ridgeline.sim.step_time import TermsOf
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ridgeline.cli.engine_options import engine_config, parse_itl_target
+from ridgeline.engine.options import engine_config, parse_itl_target
 from ridgeline.engine.scheduler import ItlTarget
 from ridgeline.engine.step_cost import OnlineStepCost, step_features
 from ridgeline.errors import RidgelineError

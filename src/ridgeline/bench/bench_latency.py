@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ridgeline.bench.measure import measure_int8_matmul_ops, measure_matmul_flops, measure_read_bandwidth, torch_threads
-from ridgeline.bench.model_source import shape_from_checkpoint
+from ridgeline.machine.measure import measure_int8_matmul_ops, measure_matmul_flops, measure_read_bandwidth, torch_threads
+from ridgeline.model.model_source import shape_from_checkpoint
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.sampler import argmax_rows
 from ridgeline.engine.kv_cache import KVCacheConfig, bytes_per_token

@@ -1,7 +1,7 @@
 """Load generator for any OpenAI-compatible server: streamed requests at fixed concurrency or Poisson arrivals.
 
 Bounded twice: by the number of prompts and by a wall-clock limit per load level (requests still running
-at the limit are cancelled and counted as failed). `--trace FILE` replays a trace (sim/trace.py: arrival times,
+at the limit are cancelled and counted as failed). `--trace FILE` replays a trace (workload/trace.py: arrival times,
 prompts as text or token ids, output lengths) instead, each request sent at its recorded arrival (no concurrency
 cap unless `--concurrency` gives one, as `simulate` replays it); `--record FILE` writes what was sent, with what each
 request measured, in that same format, so `ridgeline simulate` can replay it. Token counts come from the server's usage chunk
@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ridgeline.bench.serve_metrics import RequestResult, Slo, summarise
+from ridgeline.workload.serve_metrics import RequestResult, Slo, summarise
 from ridgeline.errors import RidgelineError
-from ridgeline.sim.trace import TraceRequest, read_trace, write_trace
+from ridgeline.workload.trace import TraceRequest, read_trace, write_trace
 
 # Common English words: a prompt of N of them is roughly N tokens for most tokenizers.
 FILLER_WORDS = (

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ridgeline.bench.model_source import load_model_shape
-from ridgeline.bench.this_machine import this_machine
+from ridgeline.model.model_source import load_model_shape
+from ridgeline.machine.this_machine import this_machine
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.outputs import RequestOutput
 from ridgeline.engine.sampling_params import SamplingParams

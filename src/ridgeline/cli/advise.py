@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.cli.app import app
 from ridgeline.napkin.advise import RULES, RequestShape, advise
 from ridgeline.napkin.hardware import catalogue

@@ -9,7 +9,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ridgeline.bench.bench_serve import BenchServeConfig, LoadLevel, bench_serve, fetch_steps_figure, make_prompts
-from ridgeline.bench.serve_metrics import PERCENTILES, Slo
+from ridgeline.workload.serve_metrics import PERCENTILES, Slo
 from ridgeline.cli.app import bench_app
 from ridgeline.dashboard.export import render_roofline
 from ridgeline.errors import RidgelineError

@@ -10,7 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ridgeline.cli.app import bench_app
-from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
+from ridgeline.engine.options import engine_config
 from ridgeline.errors import RidgelineError
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def throughput_command(
 
 
 def write_plot(report: "ThroughputReport", config: "ThroughputConfig", path: Path) -> Path:
-    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.model.model_source import load_model_shape
     from ridgeline.napkin.measured import parse_points
     from ridgeline.napkin.plot import plot_roofline
     from ridgeline.napkin.roofline import Roofline

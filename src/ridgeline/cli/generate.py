@@ -7,7 +7,8 @@ import typer
 from rich.console import Console
 
 from ridgeline.cli.app import app
-from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
+from ridgeline.engine.options import engine_config
 
 
 @app.command("generate", help="Generate a completion for PROMPT, streaming tokens as they are produced.")

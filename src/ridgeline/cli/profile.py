@@ -7,7 +7,8 @@ from rich.console import Console
 
 from ridgeline.cli.app import app
 from ridgeline.cli.bench_serve import parse_list
-from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V, engine_config
+from ridgeline.cli.engine_options import KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
+from ridgeline.engine.options import engine_config
 
 
 @app.command("profile", help="Time this machine's real engine steps over a grid (prefill tokens, decode rows, context) and fit the simulator's calibrated step model; with --through-server, fit what `ridgeline serve` itself spends per step under a calibration load.")
@@ -39,7 +40,7 @@ def profile_command(
                            max_num_batched_tokens=max_num_batched_tokens)
     console = Console()
     if through_server or server:
-        from ridgeline.sim.server_profile import measure_through_server
+        from ridgeline.bench.server_profile import measure_through_server
 
         serve_args = [*([str(model)] if model else []), *(["--threads", str(threads)] if threads else []),
                       "--dtype", dtype, "--lm-head", lm_head, "--kv-cache-memory", kv_cache_memory,

@@ -15,8 +15,8 @@ def quantize_command(
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine for the decode ceiling (napkin)."),
 ) -> None:
     from ridgeline.model.quant.quantize_file import quantize_gguf
-    from ridgeline.bench.this_machine import machine_named as get_hardware
-    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.machine.this_machine import machine_named as get_hardware
+    from ridgeline.model.model_source import load_model_shape
     from ridgeline.napkin.roofline import Roofline
 
     report = quantize_gguf(source, destination, qtype.lower())

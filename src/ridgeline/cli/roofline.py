@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.cli.app import app
 from ridgeline.napkin.hardware import THIS_MACHINE, catalogued
 from ridgeline.napkin.kv_dtypes import parse_kv_bytes
@@ -39,7 +39,7 @@ def roofline_command(
     kv_element_bytes = parse_kv_bytes(kv_bytes)  # a bad value fails before the machine is measured
     console = Console(stderr=as_json, width=max(Console().width, 110))  # long figures read better unwrapped
     if hardware == THIS_MACHINE:
-        from ridgeline.bench.this_machine import this_machine  # measures with torch; catalogued machines need none
+        from ridgeline.machine.this_machine import this_machine  # measures with torch; catalogued machines need none
 
         # The int8 figure runs the compiled kernels, which are built on first use (the engine's first start, or this)
         with console.status("measuring this machine (a few seconds, cached afterwards; ~2 min more where the "

@@ -10,7 +10,7 @@ from ridgeline.cli.app import app
 
 def run_router(config_path: Path, memory: str | None, host: str | None, port: int | None,
                api_key: str | None = None, policy: str | None = None) -> None:
-    from ridgeline.cli.engine_options import parse_bytes
+    from ridgeline.engine.options import parse_bytes
     from ridgeline.cluster.build import build_router
     from ridgeline.cluster.config import load_config
     from ridgeline.server.app import ServerConfig

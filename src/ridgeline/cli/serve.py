@@ -68,7 +68,7 @@ def serve_command(
         _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, threads, kv_cache_memory,
                       kv_cache_dtype, handoff_config(local_prefill_tokens, max_reprefills, handoff_wait, max_kv_waiting))
         return
-    from ridgeline.cli.engine_options import engine_config, parse_itl_target
+    from ridgeline.engine.options import engine_config, parse_itl_target
     from ridgeline.dashboard.machine import machine_named
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app

@@ -12,13 +12,14 @@ from rich.console import Console
 
 from ridgeline.cli.app import app
 from ridgeline.cli.bench_serve import parse_list, print_report, write_plots
-from ridgeline.cli.engine_options import ITL_TARGET_MS, parse_bytes, parse_itl_target
+from ridgeline.cli.engine_options import ITL_TARGET_MS
+from ridgeline.engine.options import parse_bytes, parse_itl_target
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.kv_dtypes import parse_kv_bytes
-from ridgeline.bench.serve_metrics import Slo
+from ridgeline.workload.serve_metrics import Slo
 from ridgeline.sim.link import Link
-from ridgeline.sim.trace import read_trace
+from ridgeline.workload.trace import read_trace
 from ridgeline.sim.workload import Workload, from_trace, synthetic
 
 if TYPE_CHECKING:  # the rest load torch (through the engine's types): imported where the command runs

@@ -24,7 +24,7 @@ class BuiltRouter:
 
 
 def engine_config_for(config: RouterConfig, backend: BackendConfig):
-    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.engine.options import engine_config
 
     return engine_config(config.resolve(backend.path), threads=backend.threads,
                          kv_cache_memory=backend.kv_cache_memory, kv_cache_dtype=backend.kv_cache_dtype,
@@ -37,7 +37,7 @@ def prior_rates(config: RouterConfig, backend: BackendConfig, hardware) -> Rates
         return Rates(backend.prefill_tokens_per_s, backend.decode_tokens_per_s, "configured")
     if backend.kind == "openai":
         return Rates(FALLBACK_RATES.prefill_tokens_per_s, FALLBACK_RATES.decode_tokens_per_s, FALLBACK_RATES.source)
-    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.model.model_source import load_model_shape
 
     return roofline_rates(load_model_shape(config.resolve(backend.path)), hardware)
 
@@ -62,12 +62,12 @@ def _replicas(config: RouterConfig, backend: BackendConfig, first_index: int) ->
 
 async def build_router(config: RouterConfig, memory_budget: float | None = None, hardware=None) -> BuiltRouter:
     if hardware is None:
-        from ridgeline.bench.this_machine import machine_named as get_hardware
+        from ridgeline.machine.this_machine import machine_named as get_hardware
 
         hardware = get_hardware(config.router.hardware)
     budget = memory_budget
     if budget is None and config.router.memory:
-        from ridgeline.cli.engine_options import parse_bytes
+        from ridgeline.engine.options import parse_bytes
 
         budget = parse_bytes(config.router.memory)
     placements = place(config, budget, hardware)

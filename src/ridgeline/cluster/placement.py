@@ -25,9 +25,9 @@ class Placement:
 
 def place(config: RouterConfig, budget_bytes: float | None, hardware) -> list[Placement]:
     """One Placement per backend; HTTP backends take no local memory and are always kept."""
-    from ridgeline.cli.engine_options import parse_bytes
+    from ridgeline.engine.options import parse_bytes
     from ridgeline.napkin.advise import RequestShape, advise_one
-    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.model.model_source import load_model_shape
 
     remaining = budget_bytes
     placements = []

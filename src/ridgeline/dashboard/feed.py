@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ridgeline.bench.serve_metrics import distribution_ms
+from ridgeline.workload.serve_metrics import distribution_ms
 from ridgeline.dashboard.engine_view import EngineView, engine_view
 
 MAX_SAMPLES = 50_000  # per window, whatever the traffic: the percentiles stay cheap to compute

@@ -6,7 +6,7 @@ from ridgeline.napkin.hardware import THIS_MACHINE, Hardware, catalogued
 
 def machine_named(name: str) -> Hardware:
     if name == THIS_MACHINE:
-        from ridgeline.bench.this_machine import this_machine  # measures with torch; catalogued machines need none
+        from ridgeline.machine.this_machine import this_machine  # measures with torch; catalogued machines need none
 
         return this_machine()
     return catalogued(name)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.engine.admission import Admission, AdmissionLimits, AdmittedRequest
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.kv_cache import KVCacheConfig, describe_capacity

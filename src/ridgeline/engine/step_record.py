@@ -11,7 +11,7 @@ sum of its rows with one read of the weights.
 Each record also keeps what the simulator's step terms need (sim/step_time.py TermsOf.of_record: every decode
 row's context, every prefill chunk's start, length and whether it samples) and whether the engine thread sat idle
 before it (`after_idle`), so `ridgeline profile --through-server` can fit the step model on the time the server
-really spends per step (sim/server_profile.py).
+really spends per step (bench/server_profile.py).
 
 Recording runs on the engine thread after every forward pass, so it stays a few microseconds per row
 (benchmarks/step_record_overhead.py measures it against the step); readers on other threads copy under a lock.

@@ -1,6 +1,6 @@
 """The hardware catalogue: a versioned TOML file of public figures, with their sources.
 
-`this-machine` is named here but not catalogued: it is measured (ridgeline/bench/this_machine.py), which needs
+`this-machine` is named here but not catalogued: it is measured (ridgeline/machine/this_machine.py), which needs
 torch, and the napkin model stays plain arithmetic over figures it is given.
 """
 
@@ -95,9 +95,9 @@ def hardware_names() -> list[str]:
 
 
 def catalogued(name: str) -> Hardware:
-    """A catalogued machine by name (`this-machine` is measured: ridgeline.bench.this_machine)."""
+    """A catalogued machine by name (`this-machine` is measured: ridgeline.machine.this_machine)."""
     if name == THIS_MACHINE:
-        raise RidgelineError(f"{THIS_MACHINE!r} is measured, not catalogued (ridgeline.bench.this_machine)")
+        raise RidgelineError(f"{THIS_MACHINE!r} is measured, not catalogued (ridgeline.machine.this_machine)")
     machines = catalogue()
     if name not in machines:
         raise RidgelineError(f"unknown hardware {name!r} (known: {', '.join(hardware_names())})")

@@ -6,7 +6,7 @@ from ridgeline.cluster.ray_pool import PoolConfig
 
 def start_worker_server(role: str, config: PoolConfig, host: str) -> str:
     """Load the model, serve it with `role` on a free port of `host` (KV on a free port too); returns the URL."""
-    from ridgeline.cli.engine_options import engine_config
+    from ridgeline.engine.options import engine_config
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
     from ridgeline.server.launcher import BackgroundServer, freeze_startup_heap

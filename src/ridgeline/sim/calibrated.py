@@ -9,7 +9,7 @@ compute-bound for 64 prompt rows), c5 the inverse of the FLOP/s attention attain
 gather's bandwidth. Where the compiled kernels run, tiles are single rows and c2-c4 become per-row costs, the
 roofline's FLOP terms again. `ridgeline profile` measures the samples and records the path: either
 LLMEngine.step timed alone over a grid (sim/profile.py, source "engine") or, with --through-server, the cycle
-time of back-to-back steps inside `ridgeline serve` under a calibration load (sim/server_profile.py, source
+time of back-to-back steps inside `ridgeline serve` under a calibration load (bench/server_profile.py, source
 "server": what the server really spends per step, its other threads included).
 """
 

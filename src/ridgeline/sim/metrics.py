@@ -1,7 +1,7 @@
 """A simulated run in bench serve's terms: each request as the RequestResult a client would have measured
 (times from when it was sent), summarised by bench serve's own code, plus what only a simulator sees."""
 
-from ridgeline.bench.serve_metrics import RequestResult, Slo, summarise
+from ridgeline.workload.serve_metrics import RequestResult, Slo, summarise
 from ridgeline.sim.simulator import SimResult, Track
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import SchedulerOutput
-from ridgeline.bench.model_source import shape_from_checkpoint
+from ridgeline.model.model_source import shape_from_checkpoint
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.sim.calibrated import Profile
 from ridgeline.sim.engine_path import of_this_engine

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.hardware import catalogue
-from ridgeline.bench.serve_metrics import Slo
+from ridgeline.workload.serve_metrics import Slo
 from ridgeline.sim.metrics import request_result
 from ridgeline.sim.setup import SimOptions, deployment
 from ridgeline.sim.simulator import Deployment, simulate

@@ -8,7 +8,7 @@ from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.hardware import THIS_MACHINE, catalogued
 from ridgeline.napkin.model_shape import ModelShape
-from ridgeline.bench.model_source import load_model_shape
+from ridgeline.model.model_source import load_model_shape
 from ridgeline.sim.calibrated import CalibratedStepTime, Profile
 from ridgeline.sim.kv_pool import kv_pool
 from ridgeline.sim.link import Link
@@ -77,7 +77,7 @@ def deployment(options: SimOptions) -> Deployment:
         memory = options.kv_cache_memory or 2 << 30  # serve's default budget
     else:
         if options.hardware == THIS_MACHINE:  # its measured ceilings: a roofline of this machine, not a profile
-            from ridgeline.bench.this_machine import this_machine
+            from ridgeline.machine.this_machine import this_machine
 
             hardware = this_machine()
         else:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import ridgeline
 from ridgeline.errors import RidgelineError
-from ridgeline.bench.this_machine import _cpu_model
+from ridgeline.machine.cpu import cpu_model
 
 
 @dataclass(frozen=True)
@@ -39,4 +39,4 @@ def git_commit() -> str:
 
 
 def current_stamp(model: str, threads: int) -> Stamp:
-    return Stamp(git_commit(), _cpu_model(), threads, model)
+    return Stamp(git_commit(), cpu_model(), threads, model)

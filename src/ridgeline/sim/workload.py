@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ridgeline.errors import RidgelineError
-from ridgeline.sim.trace import TraceRequest
+from ridgeline.workload.trace import TraceRequest
 
 # Ids drawn for synthetic prompts stay clear of the low ids where tokenizers keep their special tokens.
 FIRST_PLAIN_ID = 1000

@@ -98,7 +98,7 @@ class CalibrationLoad:
     warm_up: str = "warm-up"  # its steps are not fitted (first-use costs)
 
     def trace(self, path: Path, level: int, vocab: int) -> Path:
-        from ridgeline.sim.trace import TraceRequest, write_trace
+        from ridgeline.workload.trace import TraceRequest, write_trace
         from ridgeline.sim.workload import poisson_arrivals, random_ids
 
         _, _, rate, count = self.levels[level]
@@ -150,7 +150,7 @@ def measure_through_server(config, serve_args: list[str], url: str | None = None
 
     import torch
 
-    from ridgeline.bench.model_source import load_model_shape
+    from ridgeline.model.model_source import load_model_shape
     from ridgeline.bench.served import ridgeline_server
     from ridgeline.sim.engine_path import of_this_engine
     from ridgeline.sim.stamp import current_stamp

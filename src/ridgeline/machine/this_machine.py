@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ridgeline.bench import measure
+from ridgeline.machine import measure
+from ridgeline.machine.cpu import cpu_model
 from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
 
 CACHE_FORMAT = 3  # bump when the measurement changes, so stale cache files are re-measured
@@ -22,7 +23,7 @@ def cache_path() -> Path:
 def this_machine(remeasure: bool = False, threads: int | None = None) -> Hardware:
     """This machine's roofline, from the cache if it was measured here before with the same thread count."""
     threads = threads or torch.get_num_threads()
-    identity = {"format": CACHE_FORMAT, "host": platform.node(), "cpu": _cpu_model(), "threads": threads}
+    identity = {"format": CACHE_FORMAT, "host": platform.node(), "cpu": cpu_model(), "threads": threads}
     path = cache_path()
     if not remeasure and path.exists():
         cached = json.loads(path.read_text())
@@ -55,7 +56,7 @@ def measure_this_machine(threads: int) -> Hardware:
         flops_source += f"; int8: the compiled kernels' {rows} rows x Q8_0 {out}x{inputs} matmul"
     return Hardware(
         name=THIS_MACHINE,
-        title=f"this machine ({_cpu_model()}, {threads} threads)",
+        title=f"this machine ({cpu_model()}, {threads} threads)",
         bandwidth=measure.measure_read_bandwidth(threads),
         memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         dense_flops=flops,
@@ -67,16 +68,6 @@ def measure_this_machine(threads: int) -> Hardware:
             "flops": flops_source,
         },
     )
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_named(name: str, threads: int | None = None) -> Hardware:
