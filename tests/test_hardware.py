@@ -1,7 +1,11 @@
-"""The hardware catalogue is sourced data; this-machine is measured once, cached, and measured honestly."""
+"""The hardware catalogue is sourced data; this-machine is measured robustly, cached per thread count with its
+provenance, and never replaced by a worse reading unasked."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -46,58 +50,144 @@ def test_document_figures_are_the_catalogued_ones():
     assert all(o.machine in machines and o.source for o in observations())
 
 
+class Calls(list):
+    readings: dict
+
+
 @pytest.fixture
 def fake_measurements(monkeypatch, tmp_path):
-    """Point the cache at a temporary directory and count calls to (instant) fake measurements."""
+    """Point the cache at a temporary directory and count calls to (instant) fake measurements; `readings` sets what
+    they read (a list: one value per round, the last repeated)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    calls = []
+    calls = Calls()
+    readings = {"bandwidth": [30e9], "bf16": [400e9], "fp32": [200e9], "int8": [600e9]}
 
-    def bandwidth(threads=None):
-        calls.append(("bandwidth", threads))
-        return 30e9
+    def read(figure, threads):
+        calls.append((figure, threads))
+        values = readings[figure]
+        done = sum(1 for name, _ in calls if name == figure) - 1
+        return values[min(done, len(values) - 1)]
 
-    def flops(dtype, threads=None):
-        calls.append((str(dtype), threads))
-        return {torch.bfloat16: 400e9, torch.float32: 200e9}[dtype]
-
-    def int8_ops(threads=None):
-        calls.append(("int8", threads))
-        return 600e9
-
-    monkeypatch.setattr(measure, "measure_read_bandwidth", bandwidth)
-    monkeypatch.setattr(measure, "measure_matmul_flops", flops)
-    monkeypatch.setattr(measure, "measure_int8_matmul_ops", int8_ops)
+    monkeypatch.setattr(measure, "measure_read_bandwidth", lambda threads=None, **_: read("bandwidth", threads))
+    monkeypatch.setattr(measure, "measure_matmul_flops",
+                        lambda dtype, threads=None, **_: read({torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype], threads))
+    monkeypatch.setattr(measure, "measure_int8_matmul_ops", lambda threads=None, **_: read("int8", threads))
+    calls.readings = readings
     return calls
 
 
 def test_this_machine_is_measured_once_then_read_from_the_cache(fake_measurements, tmp_path):
-    first = this_machine.this_machine()
-    assert len(fake_measurements) == 4
+    first = this_machine.this_machine(threads=2)
+    assert len(fake_measurements) == 4 * this_machine.ROUNDS
     assert (first.bandwidth, first.flops("bf16"), first.flops("fp32"), first.flops("int8")) == (30e9, 400e9, 200e9, 600e9)
     # the faster float precision is what an engine runs a float model in; int8 is for quantised weights only
     assert first.default_precision == "bf16"
     assert (first.matmul_precision(integer_weights=True), first.matmul_precision(integer_weights=False)) == ("int8", "bf16")
     assert first.ridge_point() == pytest.approx(400e9 / 30e9)
-    cached = json.loads((tmp_path / "ridgeline" / "this-machine.json").read_text())
-    assert cached["hardware"]["bandwidth"] == 30e9
+    assert "2 threads" in first.title and "best of 3 rounds" in first.title and "NOISY" not in first.title
 
-    assert this_machine.this_machine() == first
-    assert len(fake_measurements) == 4  # no new measurement
-    this_machine.this_machine(remeasure=True)
-    assert len(fake_measurements) == 8
+    assert this_machine.this_machine(threads=2) == first
+    assert len(fake_measurements) == 4 * this_machine.ROUNDS  # no new measurement
+    assert this_machine.cached(threads=2).hardware == first
+
+
+def test_figures_are_each_the_best_round_with_the_spread_recorded(fake_measurements):
+    # A burst of load elsewhere lowers one round; the ceiling is the best, and the spread says how steady it was.
+    fake_measurements.readings["bandwidth"] = [20e9, 40e9, 38e9]
+    entry = this_machine.measure_and_cache(threads=1).kept
+    assert entry.hardware.bandwidth == 40e9
+    assert entry.samples["bandwidth"] == [20e9, 40e9, 38e9]
+    assert entry.provenance.spread["bandwidth"] == pytest.approx(0.5) and entry.provenance.spread["bf16"] == 0
+    assert entry.provenance.noisy and "NOISY" in entry.hardware.title and "spread up to 50% (bandwidth)" in entry.hardware.title
 
 
 def test_without_compiled_kernels_this_machine_has_no_int8_figure(fake_measurements, monkeypatch):
     """Quantised weights then take a float GEMM (dequantised), so their roof is the float default."""
-    monkeypatch.setattr(measure, "measure_int8_matmul_ops", lambda threads=None: None)
+    monkeypatch.setattr(measure, "measure_int8_matmul_ops", lambda threads=None, **_: None)
     machine = this_machine.this_machine()
     assert "int8" not in machine.dense_flops and machine.matmul_precision(integer_weights=True) == "bf16"
 
 
-def test_a_different_thread_count_is_measured_afresh(fake_measurements):
-    this_machine.this_machine(threads=1)
-    this_machine.this_machine(threads=2)
+def test_thread_counts_are_cached_side_by_side(fake_measurements):
+    one = this_machine.this_machine(threads=1)
+    fake_measurements.readings["bandwidth"] = [50e9]
+    two = this_machine.this_machine(threads=2)
     assert {threads for _, threads in fake_measurements} == {1, 2}
+    assert (this_machine.cached(threads=1).hardware, this_machine.cached(threads=2).hardware) == (one, two)
+    assert [entry.provenance.threads for entry in this_machine.cached_entries()] == [1, 2]
+
+
+def test_a_worse_measurement_keeps_the_cached_entry_and_says_so(fake_measurements):
+    register_commands()
+    assert CliRunner().invoke(app, ["measure", "--threads", "2"]).exit_code == 0
+    # The machine is busy now: bandwidth reads half of what it did.
+    fake_measurements.readings["bandwidth"] = [15e9]
+    result = CliRunner().invoke(app, ["measure", "--threads", "2"])
+    assert result.exit_code == 0, result.output
+    assert "kept the cached entry" in result.output and "bandwidth 15.0 GB/s (cached 30.0 GB/s)" in result.output
+    assert "--force" in result.output
+    assert this_machine.cached(threads=2).hardware.bandwidth == 30e9
+    # A better one replaces it; --force replaces it with a worse one.
+    fake_measurements.readings["bandwidth"] = [32e9]
+    assert this_machine.measure_and_cache(threads=2).replaced and this_machine.cached(threads=2).hardware.bandwidth == 32e9
+    fake_measurements.readings["bandwidth"] = [15e9]
+    result = CliRunner().invoke(app, ["measure", "--threads", "2", "--force"])
+    assert result.exit_code == 0 and "cached: bandwidth 15.0 GB/s" in result.output
+    assert this_machine.cached(threads=2).hardware.bandwidth == 15e9
+
+
+def test_roofline_remeasure_does_not_replace_a_better_entry(fake_measurements):
+    this_machine.this_machine(threads=3)
+    fake_measurements.readings["int8"] = [60e9]  # the int8 peak a start beside the engine's start-up read
+    assert this_machine.this_machine(remeasure=True, threads=3).flops("int8") == 600e9
+
+
+def test_an_entry_of_another_torch_build_is_flagged_stale(fake_measurements, monkeypatch):
+    entry = this_machine.measure_and_cache(threads=1).kept
+    assert not entry.provenance.stale()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert entry.provenance.stale() and "STALE" in this_machine.cached(threads=1).hardware.title
+
+
+CONCURRENT_MEASURER = """
+import sys, time
+import torch
+from ridgeline.machine import measure, this_machine
+
+threads, bandwidth = int(sys.argv[1]), float(sys.argv[2])
+def slow(value):
+    time.sleep(0.002)  # long enough that the two processes' reads and writes interleave
+    return value
+measure.measure_read_bandwidth = lambda threads=None, **_: slow(bandwidth)
+measure.measure_matmul_flops = lambda dtype, threads=None, **_: slow(400e9)
+measure.measure_int8_matmul_ops = lambda threads=None, **_: None
+write = this_machine._write
+def slow_write(path, entries):
+    time.sleep(0.005)  # widens the window between reading the file and writing it back
+    write(path, entries)
+this_machine._write = slow_write
+seen = set()
+for _ in range(40):
+    assert this_machine.measure_and_cache(threads).replaced
+    # An entry once in the file stays there: a write that had read the file before the other process wrote would
+    # drop the other's entry, and this process would see it gone right after its own write.
+    keys = set(this_machine._read(this_machine.cache_path()))
+    assert seen <= keys, f"entries evicted: {seen - keys}"
+    seen = keys
+"""
+
+
+def test_two_processes_with_different_thread_counts_never_evict_each_other(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    processes = [subprocess.Popen([sys.executable, "-c", CONCURRENT_MEASURER, str(threads), str(bandwidth)], env=env,
+                                  stderr=subprocess.PIPE, text=True)
+                 for threads, bandwidth in ((1, 10e9), (2, 20e9))]
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+    cache = json.loads((tmp_path / "ridgeline" / "this-machine-by-threads.json").read_text())
+    assert sorted(entry["provenance"]["threads"] for entry in cache["entries"].values()) == [1, 2]
+    assert sorted(entry["hardware"]["bandwidth"] for entry in cache["entries"].values()) == [10e9, 20e9]
 
 
 def test_matmul_flops_counts_2n_cubed_per_product_and_restores_threads(monkeypatch):

@@ -5,7 +5,8 @@ tg: `gen_tokens` one-token forward passes from an empty cache, each feeding back
 Both run straight on the model (no scheduler, no sampling), as llama-bench does. Next to them: the bytes a
 decode step reads (the weights it touched, counted by the engine: shared weights + the experts its token was routed
 to in an MoE model, + the average KV cache), the napkin model's figure for the same weights, this machine's
-measured read bandwidth and bf16 matmul FLOP/s, and the napkin decode ceiling = bandwidth / bytes per token.
+read bandwidth and matmul FLOP/s as `ridgeline measure` cached them (with when, threads and spread), and the
+napkin decode ceiling = bandwidth / bytes per token.
 """
 
 import statistics
@@ -16,7 +17,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ridgeline.machine.measure import measure_int8_matmul_ops, measure_matmul_flops, measure_read_bandwidth, torch_threads
+from ridgeline.machine.measure import torch_threads
+from ridgeline.machine.this_machine import this_machine
 from ridgeline.model.model_source import shape_from_checkpoint
 from ridgeline.engine.assemble import assemble_model
 from ridgeline.engine.sampler import argmax_rows
@@ -63,12 +65,13 @@ class LatencyResult:
     decode_weight_bytes: float
     napkin_weight_bytes: float  # the roofline's figure for the same weights: matrices + embedding row, k/E of experts
     kv_bytes_per_step: float  # average KV cache read per tg step (context grows 0 .. gen_tokens)
-    read_bandwidth: float  # bytes/s, measured
-    matmul_flops: float  # FLOP/s (ops/s for int8) of the precision below, measured
+    read_bandwidth: float  # bytes/s, this machine's measurement
+    matmul_flops: float  # FLOP/s (ops/s for int8) of the precision below, this machine's measurement
     linear_flops_per_token: float  # 2 x (linear-layer weights) for a prefill token; the LM head runs once per prompt
     tg_step_ms: float  # one decode step, from an extra instrumented tg run ...
     tg_linear_ms: float  # ... of which inside the linear layers (matmul kernels + their call overhead)
     matmul_precision: str = "bf16"  # what the prompt's matmuls ran in: int8 for quantised weights on the kernels
+    machine: str = ""  # where the two ceilings came from: this machine's measurement, when, threads, spread
 
     @property
     def bytes_per_token(self) -> float:
@@ -105,11 +108,11 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
     if config.prompt_tokens + config.gen_tokens > checkpoint.config.max_context:
         raise RidgelineError(f"-p + -n = {config.prompt_tokens + config.gen_tokens} exceeds the model's context of {checkpoint.config.max_context}")
     with torch_threads(config.threads):
-        progress("measuring read bandwidth and matmul FLOP/s")
-        bandwidth, rates = measure_read_bandwidth(), {"bf16": measure_matmul_flops(torch.bfloat16)}
-        int8_ops = measure_int8_matmul_ops()
-        if int8_ops is not None:
-            rates["int8"] = int8_ops
+        # The ceilings are this machine's cached measurement for the thread count (`ridgeline measure`), measured now
+        # only where none is cached: the same roof as the dashboard's and roofline's, with its provenance.
+        progress("reading this machine's read bandwidth and matmul FLOP/s (measured now where none is cached)")
+        machine = this_machine(threads=torch.get_num_threads())
+        bandwidth, rates = machine.bandwidth, machine.dense_flops
         integer_weights = shape_from_checkpoint(checkpoint).integer_weights
         results = []
         for weights in config.weights:
@@ -120,7 +123,7 @@ def run_latency(config: LatencyConfig, progress: Callable[[str], None] = lambda 
                                     CACHE, num_blocks=_num_blocks(config)).runner
             result = _bench_model(runner, weights, config, bandwidth, rates[precision], progress)
             results.append(replace(result, napkin_weight_bytes=napkin_weight_bytes(checkpoint, weights),
-                                   matmul_precision=precision))
+                                   matmul_precision=precision, machine=machine.title))
             del runner
     return results
 

@@ -52,7 +52,7 @@ def latency_command(
     out = Console()
     out.print(table)
     peaks = ", ".join(dict.fromkeys(f"{r.matmul_precision} matmul {r.matmul_flops / 1e9:.0f} GFLOP/s" for r in results))
-    out.print(f"measured read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, {peaks}; "
+    out.print(f"{first.machine}: read bandwidth {first.read_bandwidth / 1e9:.1f} GB/s, {peaks}; "
               "ceiling = bandwidth / bytes per decode token (weights the step read + average KV cache); weights read: "
               "what the engine counted a decode step reading (shared weights + routed experts) beside the roofline's "
               "figure for the same weights (matrices only, k/E of the experts); "

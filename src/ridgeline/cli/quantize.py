@@ -25,5 +25,5 @@ def quantize_command(
     machine = get_hardware(hardware)
     for path in (source, destination):
         roofline = Roofline(load_model_shape(str(path)), machine)
-        print(f"  {path.name}: decode ceiling {1 / roofline.decode(1, 0).seconds:,.0f} tok/s at batch 1 on {machine.name} "
+        print(f"  {path.name}: decode ceiling {1 / roofline.decode(1, 0).seconds:,.0f} tok/s at batch 1 on {machine.title} "
               f"({roofline.decode_bytes_per_token() / 1e6:,.1f} MB read per token)")

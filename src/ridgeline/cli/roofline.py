@@ -29,7 +29,7 @@ def roofline_command(
     precision: str = typer.Option(None, "--precision", help="Matmul precision (fp32, bf16, fp16, fp8, fp4, int8); default: the machine's for the weights (int8 for quantised weights where it was measured)."),
     kv_bytes: str = typer.Option("2", "--kv-bytes", help="Bytes per KV-cache element, or a KV dtype: bf16 = 2, q8_0 = 1.0625 (int8 + an fp16 scale per 32)."),
     measured: str = typer.Option(None, "--measured", help="JSON file of measured points to put on the --plot."),
-    remeasure: bool = typer.Option(False, "--remeasure", help="Measure this-machine again instead of using the cache."),
+    remeasure: bool = typer.Option(False, "--remeasure", help="Measure this-machine again instead of using the cache (a worse reading keeps the cached entry: `ridgeline measure --force` replaces it)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     plot: str = typer.Option(None, "--plot", help="Write a roofline chart with decode and prefill operating points: PNG, or self-contained HTML (the dashboard's drawing) for a .html name."),
 ) -> None:
@@ -42,14 +42,15 @@ def roofline_command(
         from ridgeline.machine.this_machine import this_machine  # measures with torch; catalogued machines need none
 
         # The int8 figure runs the compiled kernels, which are built on first use (the engine's first start, or this)
-        with console.status("measuring this machine (a few seconds, cached afterwards; ~2 min more where the "
-                            "compiled kernels were never built)"):
+        with console.status("reading this machine's measurement (measured now where none is cached for this thread "
+                            "count: ~7 s, ~2 min more where the compiled kernels were never built)"):
             machine = this_machine(remeasure=remeasure)
     else:
         machine = catalogued(hardware)
     roofline = Roofline(load_model_shape(model, weights), machine, precision, kv_element_bytes)
     workload = Workload(batch, context, prompt_tokens, kv_element_bytes, precision)
     summary = roofline.summary(workload)
+    summary["hardware_title"] = machine.title  # this machine's provenance: when it was measured, threads, spread
     points = load_measured(measured) if measured else []
     if points:
         summary["measured"] = [
@@ -71,7 +72,7 @@ def print_summary(console: Console, s: dict) -> None:
     crossover = decode["compute_bound_from_batch"]
     rows = [
         ("model", f"{s['model']} ({s['weights']}), {s['params'] / 1e9:,.2f} B params, {gigabytes(s['weight_bytes'])} of weights"),
-        ("hardware", f"{s['hardware']}: {s['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s, {s['peak_flops'] / 1e12:,.2f} TFLOP/s {s['precision']}"),
+        ("hardware", f"{s.get('hardware_title', s['hardware'])}: {s['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s, {s['peak_flops'] / 1e12:,.2f} TFLOP/s {s['precision']}"),
         ("ridge point", f"{s['ridge_flop_per_byte']:,.1f} FLOP/byte"),
         ("bytes read per decode token", f"{gigabytes(decode['bytes_per_token'])} (weights {gigabytes(decode['weight_bytes_per_token'])} + KV at {kv['context']:,} tokens {gigabytes(decode['kv_bytes_per_token_at_context'])})"),
         ("decode ceiling, batch 1", f"{decode['ceiling_tokens_per_s']:,.1f} tok/s; realistic ({band}): {low:,.1f}-{high:,.1f} tok/s"),

@@ -69,7 +69,7 @@ def serve_command(
                       kv_cache_dtype, handoff_config(local_prefill_tokens, max_reprefills, handoff_wait, max_kv_waiting))
         return
     from ridgeline.engine.options import engine_config, parse_itl_target
-    from ridgeline.dashboard.machine import machine_named
+    from ridgeline.dashboard.machine import roof_note
     from ridgeline.engine.llm_engine import LLMEngine
     from ridgeline.server.app import ServerConfig, create_app
     from ridgeline import startup_clock
@@ -117,9 +117,8 @@ def serve_command(
     target = config.scheduler.itl_target
     console.print(f"step budget: {config.scheduler.max_num_batched_tokens} tokens; "
                   + (f"{target.describe()} caps prefill beside decodes" if target else "no ITL target"), highlight=False)
-    with console.status("reading this machine's roofline for /dashboard (measured once, then cached)"):
-        machine = machine_named(hardware)  # before serving, with the engine's thread count, so no request waits on it
-    console.print(f"dashboard: http://{host}:{port}/dashboard (roofline of {machine.title})", highlight=False)
+    # Read from the cache only, with the engine's thread count: never measured here (machine/this_machine.py).
+    console.print(f"dashboard: http://{host}:{port}/dashboard ({roof_note(hardware)})", highlight=False, soft_wrap=True)
     app = create_app(engine, server_config)
     console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False, soft_wrap=True)
     run_server(app, server_config)

@@ -11,6 +11,7 @@ import threading
 from ridgeline.dashboard.feed import DashboardFeed
 from ridgeline.dashboard.machine import machine_named
 from ridgeline.dashboard.step_points import step_point
+from ridgeline.napkin.hardware import THIS_MACHINE
 from ridgeline.napkin.roofline import Roofline
 from ridgeline.napkin.roofline_figure import roofline_figure
 
@@ -23,6 +24,9 @@ class LocalWorker:
         self.engine = engine
         self.feed = feed
         self.hardware_name = hardware
+        # The engine's thread count, read here on the thread that built the engine: torch's count on the thread that
+        # later draws the first roof (a server's worker thread) need not be the engine's.
+        self.threads = _torch_threads() if hardware == THIS_MACHINE else None
         self._roofline: Roofline | None = None
         self._lock = threading.Lock()
 
@@ -31,7 +35,7 @@ class LocalWorker:
         with self._lock:
             if self._roofline is None:
                 recorder = self.engine.steps
-                self._roofline = Roofline(recorder.shape, machine_named(self.hardware_name),
+                self._roofline = Roofline(recorder.shape, machine_named(self.hardware_name, self.threads),
                                           kv_dtype_bytes=recorder.kv_dtype_bytes)
             return self._roofline
 
@@ -69,3 +73,9 @@ class LocalWorker:
             "last_step": steps[-1]["index"] if steps else after,
             "view": self.feed.view.to_json(),
         }
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -8,7 +8,7 @@ machine with its bandwidth and FLOP/s scaled by the efficiency factors (sim/effi
 
 import dataclasses
 
-from ridgeline.napkin.hardware import Hardware
+from ridgeline.napkin.hardware import THIS_MACHINE, Hardware
 from ridgeline.napkin.model_shape import ModelShape
 from ridgeline.napkin.roofline import Roofline, StepCost
 from ridgeline.sim.efficiency import Efficiency, machine_efficiency
@@ -28,7 +28,9 @@ class RooflineStepTime:
         self.roofline = Roofline(shape, derated, precision)
         self.shape = shape
         self.step_overhead_s = step_overhead_s
-        self.name = f"roofline on {hardware.name} ({self.efficiency.source})"
+        # This machine's title carries its measurement's provenance (when, threads, spread); a catalogue name is enough.
+        machine = hardware.title if hardware.name == THIS_MACHINE else hardware.name
+        self.name = f"roofline on {machine} ({self.efficiency.source})"
 
     def seconds(self, terms: StepTerms) -> float:
         nbytes = self.shape.weight_bytes_read(terms.tokens) + terms.kv_read_bytes + terms.kv_write_bytes

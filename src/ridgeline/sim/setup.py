@@ -79,7 +79,7 @@ def deployment(options: SimOptions) -> Deployment:
         if options.hardware == THIS_MACHINE:  # its measured ceilings: a roofline of this machine, not a profile
             from ridgeline.machine.this_machine import this_machine
 
-            hardware = this_machine()
+            hardware = this_machine(threads=options.threads)  # as `ridgeline measure` cached it
         else:
             hardware = catalogued(options.hardware)
         step_time = RooflineStepTime(shape, hardware, options.precision)
