@@ -2,7 +2,7 @@
 step record's cost against the steps it records.
 
     flock /tmp/ridgeline-cpu.lock timeout 900 .venv/bin/python benchmarks/dashboard_overhead.py [--concurrency 4]
-        [--num-prompts 8] [--input-len 32] [--output-len 16] [--rounds 2] [--threads 2] [--screenshot docs/dashboard.png] [--json]
+        [--num-prompts 8] [--input-len 32] [--output-len 16] [--rounds 2] [--threads 2] [--screenshot docs/images/dashboard.png] [--json]
 
 One `ridgeline serve` (default model, --threads) runs in its own process for the whole run, loaded by
 `ridgeline bench serve`'s library at fixed concurrency. Runs alternate closed / open (and open / closed in the
