@@ -13,7 +13,7 @@ Target (issue 18): open within 2% of closed.
 The record's cost: every step the server kept (/v1/steps) is replayed through a StepRecorder (same rows, same
 model) many times, and the time per record() is set against that step's measured forward pass. Target: < 1%.
 
-`--screenshot PATH` then opens the page in headless Chromium under another load and saves it (the README's
+`--screenshot PATH` then opens the page in headless Chromium under another load and saves it (the dashboard guide's
 picture). Run it under the CPU lock, as above, so nothing else shares the CPUs.
 """
 

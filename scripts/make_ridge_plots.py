@@ -1,4 +1,4 @@
-"""Regenerate the README's "Which side of the ridge?" figures by running the `ridgeline roofline` commands.
+"""Regenerate the roofline guide's figures (docs/roofline.md) by running the `ridgeline roofline` commands.
 
     python scripts/make_ridge_plots.py [--measured RESULTS.json] [--remeasure]
 

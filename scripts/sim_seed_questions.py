@@ -1,5 +1,5 @@
 """Answer the seeds' five serving questions with `ridgeline simulate`'s engine (roofline step time, catalogue
-machines) and write the README's figures and numbers.
+machines) and write the simulator guide's figures and numbers (docs/simulator.md).
 
     python scripts/sim_seed_questions.py [--requests N] [--only q5_macs ...]
 
