@@ -2,6 +2,7 @@
 as pasted, its test command is CI's, its measured table is what benchmarks/results/ holds, and benchmark outputs
 live under benchmarks/results/, not docs/."""
 
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def fenced_blocks(text: str, language: str) -> list[str]:
 def test_the_guides_build_strictly(tmp_path):
     # --strict turns every broken link, missing image or unknown anchor target into a failure
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": ""})
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "serving" / "index.html").exists()
 
