@@ -1,6 +1,7 @@
 """ridgeline vs llama.cpp, side by side in one run: pp512 and tg128 on the default model, with the ratios.
 
-    .venv/bin/python benchmarks/bench_vs_llamacpp.py [--threads 2] [--repetitions 3] [--model PATH] [--peer P]
+    .venv/bin/python benchmarks/bench_vs_llamacpp.py [--threads 2] [--repetitions 3] [--rounds R] [--model PATH] [--peer P]
+        [--json > benchmarks/results/bench_vs_llamacpp/bench_vs_llamacpp.json]
 
 llama.cpp runs as its own `llama-bench` (the default peer; benchmarks/.llamacpp-tools, compiled on first use from
 the same sdist as the reference outputs) or through llama-cpp-python in its own environment (--peer
@@ -15,6 +16,7 @@ import fcntl
 import json
 import statistics
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 
 from llamacpp_env import CPU_LOCK, llamacpp_python
@@ -63,6 +65,8 @@ def main() -> None:
     parser.add_argument("-n", "--gen-tokens", type=int, default=128, help="tg tokens")
     parser.add_argument("--peer", choices=("llama-bench", "llama-cpp-python"), default="llama-bench",
                         help="how llama.cpp runs: its own llama-bench, or llama-cpp-python")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of both engines, alternating which goes first; medians over rounds are reported")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     model = resolve_model_path(args.model)
@@ -72,17 +76,43 @@ def main() -> None:
     with open(CPU_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         config = LatencyConfig(str(model), args.prompt_tokens, args.gen_tokens, args.threads, args.repetitions, ("quantized",))
-        ours = run_latency(config)[0]
-        theirs = (run_llama_bench if args.peer == "llama-bench" else run_llamacpp)(peer, model, args)
+        peer_run = run_llama_bench if args.peer == "llama-bench" else run_llamacpp
+        rounds = []
+        for index in range(args.rounds):
+            # interleaved, A B then B A, so a slow minute on a shared machine lands on both engines alike
+            for engine in (("ridgeline", "peer") if index % 2 == 0 else ("peer", "ridgeline")):
+                if engine == "ridgeline":
+                    ours = run_latency(config)[0]
+                else:
+                    theirs = peer_run(peer, model, args)
+            # a round's figure is the median of its repetitions: one disturbed repetition does not move it
+            rounds.append({"ridgeline": {"pp_tok_s": statistics.median(ours.pp_tok_s), "tg_tok_s": statistics.median(ours.tg_tok_s)},
+                           "llama_cpp": {"pp_tok_s": statistics.median(theirs["pp_tok_s"]),
+                                         "tg_tok_s": statistics.median(theirs["tg_tok_s"])}})
 
     rows = {
         "pp": (ours.pp_tok_s, theirs["pp_tok_s"]),
         "tg": (ours.tg_tok_s, theirs["tg_tok_s"]),
     }
     ratios = {phase: statistics.mean(a) / statistics.mean(b) for phase, (a, b) in rows.items()}
+    # each engine's median over rounds, and their ratio: what the README's table shows
+    medians = {side: {f"{phase}_tok_s": statistics.median(r[side][f"{phase}_tok_s"] for r in rounds) for phase in rows}
+               for side in ("ridgeline", "llama_cpp")}
+    median_ratios = {phase: medians["ridgeline"][f"{phase}_tok_s"] / medians["llama_cpp"][f"{phase}_tok_s"] for phase in rows}
     if args.json:
-        print(json.dumps({"ridgeline": ours.summary(), "llama_cpp": theirs, "ratio": ratios}, indent=2))
+        # when and on what it ran, so the README's measured table can say so (benchmarks/readme_table.py)
+        commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or None
+        print(json.dumps({"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "ridgeline_commit": commit,
+                          "model": model.name, "threads": args.threads, "peer": args.peer,
+                          "repetitions": args.repetitions, "rounds": rounds, "median": medians,
+                          "median_ratio": median_ratios, "ridgeline": ours.summary(), "llama_cpp": theirs,
+                          "ratio": ratios}, indent=2))
         return
+    if args.rounds > 1:
+        for phase in rows:
+            print(f"{phase}: median of {args.rounds} interleaved rounds {medians['ridgeline'][f'{phase}_tok_s']:.1f} vs "
+                  f"{medians['llama_cpp'][f'{phase}_tok_s']:.1f} tok/s = {median_ratios[phase]:.2f}x; the last round:")
     names = {"pp": f"pp{args.prompt_tokens}", "tg": f"tg{args.gen_tokens}"}
     print(f"{model.name}, {args.threads} threads, {args.repetitions} runs each (tok/s, mean ± sd)")
     print(f"{'test':8} {'ridgeline':>15} {args.peer:>15} {'ratio':>7} {'target':>7}")

@@ -2,7 +2,7 @@
 step record's cost against the steps it records.
 
     flock /tmp/ridgeline-cpu.lock timeout 900 .venv/bin/python benchmarks/dashboard_overhead.py [--concurrency 4]
-        [--num-prompts 8] [--input-len 32] [--output-len 16] [--rounds 2] [--threads 2] [--screenshot docs/dashboard.png] [--json]
+        [--num-prompts 8] [--input-len 32] [--output-len 16] [--rounds 2] [--threads 2] [--screenshot docs/images/dashboard.png] [--json]
 
 One `ridgeline serve` (default model, --threads) runs in its own process for the whole run, loaded by
 `ridgeline bench serve`'s library at fixed concurrency. Runs alternate closed / open (and open / closed in the
@@ -13,7 +13,7 @@ Target (issue 18): open within 2% of closed.
 The record's cost: every step the server kept (/v1/steps) is replayed through a StepRecorder (same rows, same
 model) many times, and the time per record() is set against that step's measured forward pass. Target: < 1%.
 
-`--screenshot PATH` then opens the page in headless Chromium under another load and saves it (the README's
+`--screenshot PATH` then opens the page in headless Chromium under another load and saves it (the dashboard guide's
 picture). Run it under the CPU lock, as above, so nothing else shares the CPUs.
 """
 

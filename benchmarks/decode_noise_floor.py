@@ -6,7 +6,7 @@ other. Its decode steps spread ~1.8x (p99/p50) in CPU time, not only in wall tim
 runs the same kind of step -- 8 short rows, one thread, nothing else in the process -- to see how much of that
 spread the machine adds with none of ridgeline's load beside it. Run it under the CPU lock:
 
-    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/decode_noise_floor.py --json docs/decode_noise_floor.json
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/decode_noise_floor.py --json benchmarks/results/decode_noise_floor/decode_noise_floor.json
 """
 
 import argparse

@@ -15,7 +15,7 @@ decisions are replayed twice: with the rates measured here, and with the rooflin
 measured bandwidth and FLOP/s (the router's own prior: where cost follows the bytes and FLOPs a tier needs, as with
 the compiled kernels; on a machine where the torch fallback runs, per-layer overhead dominates instead).
 
-    python benchmarks/router_quality_cost.py [--plot docs/router_quality_cost.png] [--json out.json]
+    python benchmarks/router_quality_cost.py [--plot docs/images/router_quality_cost.png] [--json out.json]
         [--tiers-json earlier.json]   # replay an earlier run's tier measurements instead of measuring again
 """
 

@@ -8,7 +8,7 @@
    (bench/server_profile.py CalibrationLoad: another seed, other prompt and output lengths, another shared prefix)
    and fits the cycle time of the server's back-to-back steps from GET /v1/steps: what serving costs per step,
    not LLMEngine.step timed alone. The profile is kept in benchmarks/out/sim_vs_real/ (and copied to
-   docs/sim_validation_profile.json by the table) and measured again only when its stamp no longer matches
+   benchmarks/results/sim_vs_real/sim_validation_profile.json by the table) and measured again only when its stamp no longer matches
    (other commit, CPU or thread count). The fit never sees a validation trace. About 4 minutes.
 2. Writes one trace per load level: Poisson arrivals at 5 rates and all-at-once arrivals for 3 concurrencies;
    prompts of token ids, a mix of short and long (up to 1,536 tokens: ~3.5 s of prefill each here), half of the
@@ -19,7 +19,7 @@
    (--only rates, --only concurrency) that hold the CPU lock one at a time.
 4. --only table (and the end of every run): simulates every measured trace with the calibrated step time and
    writes the absolute % error per metric (TTFT p50/p90/p99, ITL p50/p99, output throughput) and level to
-   docs/sim_validation.{json,md} and the measured-vs-simulated plot to docs/sim_validation.png.
+   benchmarks/results/sim_vs_real/sim_validation.{json,md} and the measured-vs-simulated plot to docs/images/sim_validation.png.
 
 --compare PROFILE also simulates the measured levels with another profile (say `ridgeline profile` alone, the
 engine's steps timed without the server) and prints its errors, for attribution.
@@ -53,7 +53,8 @@ from ridgeline.sim.workload import from_trace, poisson_arrivals, random_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "out" / "sim_vs_real"
-DOCS = ROOT / "docs"
+RESULTS = ROOT / "benchmarks" / "results" / "sim_vs_real"
+IMAGES = ROOT / "docs" / "images"
 METRICS = (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"),
            ("output_tokens_per_s", None))
 NAMES = [f"{metric} {stat}" if stat else metric for metric, stat in METRICS]
@@ -108,7 +109,7 @@ def profile_for(args: argparse.Namespace) -> Path:
 def sim_options(profile: Path, threads: int) -> SimOptions:
     # serve's defaults: token budget 2048, 256 sequences, prefix caching and chunking on, 2 GiB of bf16 KV.
     # The fixed token budget on both sides (serve runs with --itl-target-ms 0): the validation in
-    # docs/sim_validation.md was measured that way, before serve's ITL target existed; the simulator prices the
+    # benchmarks/results/sim_vs_real/sim_validation.md was measured that way, before serve's ITL target existed; the simulator prices the
     # target's candidate steps with the same step-time model, but that scheduling has not been validated here yet.
     return SimOptions(calibrated=True, profile=str(profile), threads=threads, scheduler=SchedulerConfig())
 
@@ -183,13 +184,13 @@ def table(args: argparse.Namespace, levels: list, profile: Path) -> None:
               "profile_coefficients": dict(zip(TERMS, deploy.step_time.coefficients)),
               "workload": {"requests_per_level": args.requests, "prompt_tokens": PROMPT_LENGTHS,
                            "output_tokens": OUTPUT_LENGTHS, "shared_prefix": SHARED_PREFIX, "threads": args.threads}}
-    (DOCS / "sim_validation.json").write_text(json.dumps(result, indent=2))
-    (DOCS / "sim_validation_profile.json").write_text(Path(profile).read_text())
+    (RESULTS / "sim_validation.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / "sim_validation_profile.json").write_text(Path(profile).read_text())
     markdown = markdown_table(rows, summary, deploy.step_time.name)
-    (DOCS / "sim_validation.md").write_text(markdown)
+    (RESULTS / "sim_validation.md").write_text(markdown)
     print(markdown)
     points = {name: [(row["level"], row["measured"][name], row["simulated"][name]) for row in rows] for name in NAMES}
-    print(f"wrote {plot_measured_vs_simulated(points, DOCS / 'sim_validation.png', PLOT_TITLE)}")
+    print(f"wrote {plot_measured_vs_simulated(points, IMAGES / 'sim_validation.png', PLOT_TITLE)}")
 
 
 PLOT_TITLE = "ridgeline simulate --calibrated vs ridgeline serve: the same traces on this machine"

@@ -1,7 +1,7 @@
 """The token budget per step: an ITL target against fixed budgets, on a burst through `ridgeline serve`.
 
     flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/token_budget.py [--threads 2] [--budgets 2048,512,128]
-        [--json docs/token_budget.json]
+        [--json benchmarks/results/token_budget/RUN.json]
 
 The load is issue 16's burst: --num-prompts requests of --input-len words (about a token each) and --output-len
 output tokens, all sent at once (concurrency = --num-prompts), as `ridgeline bench serve` sends them (its library

@@ -1,10 +1,10 @@
-"""Regenerate the README's "Which side of the ridge?" figures by running the `ridgeline roofline` commands.
+"""Regenerate the roofline guide's figures (docs/roofline.md) by running the `ridgeline roofline` commands.
 
     python scripts/make_ridge_plots.py [--measured RESULTS.json] [--remeasure]
 
-Writes docs/roofline_default_this_machine.png (the bundled model on this machine, with llama.cpp's
+Writes docs/images/roofline_default_this_machine.png (the bundled model on this machine, with llama.cpp's
 measurements on this machine and any ridgeline results given by --measured) and
-docs/roofline_llama31_8b_m4max.png (Llama-3.1-8B Q4_K_M on an Apple M4 Max).
+docs/images/roofline_llama31_8b_m4max.png (Llama-3.1-8B Q4_K_M on an Apple M4 Max).
 """
 
 import argparse
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
 
 # llama.cpp on the default model on this machine, 2 threads (midpoints of the ranges in
 # shared/reference/README.md): llama-bench pp512 and tg128, and llama-batched-bench aggregate decode
@@ -30,7 +30,7 @@ LLAMA_CPP_REFERENCE = [
 def run(args: list[str]) -> None:
     print("$ " + shlex.join(["ridgeline", *args]), flush=True)
     ridgeline = Path(sys.executable).parent / "ridgeline"  # the entry point installed next to this Python
-    subprocess.run([str(ridgeline), *args], check=True, cwd=DOCS.parent)
+    subprocess.run([str(ridgeline), *args], check=True, cwd=ROOT)
 
 
 def main() -> None:
@@ -43,15 +43,15 @@ def main() -> None:
     if options.measured:
         data = json.loads(options.measured.read_text())
         points += data["roofline_points"] if isinstance(data, dict) else data
-    measured_file = DOCS / "measured_this_machine.json"
-    DOCS.mkdir(exist_ok=True)
+    measured_file = ROOT / "benchmarks/results/make_ridge_plots/measured_this_machine.json"
+    measured_file.parent.mkdir(parents=True, exist_ok=True)
     measured_file.write_text(json.dumps(points, indent=2) + "\n")
 
     this_machine = ["roofline", "--hardware", "this-machine", "--batch", "8", "--context", "192", "--prompt-tokens", "512",
-                    "--measured", str(measured_file.relative_to(DOCS.parent)), "--plot", "docs/roofline_default_this_machine.png"]
+                    "--measured", str(measured_file.relative_to(ROOT)), "--plot", "docs/images/roofline_default_this_machine.png"]
     run(this_machine + (["--remeasure"] if options.remeasure else []))
     run(["roofline", "--model", "llama-3.1-8b", "--weights", "Q4_K_M", "--hardware", "apple-m4-max", "--context", "4096",
-         "--plot", "docs/roofline_llama31_8b_m4max.png"])
+         "--plot", "docs/images/roofline_llama31_8b_m4max.png"])
 
 
 if __name__ == "__main__":

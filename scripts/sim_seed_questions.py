@@ -1,9 +1,9 @@
 """Answer the seeds' five serving questions with `ridgeline simulate`'s engine (roofline step time, catalogue
-machines) and write the README's figures and numbers.
+machines) and write the simulator guide's figures and numbers (docs/simulator.md).
 
     python scripts/sim_seed_questions.py [--requests N] [--only q5_macs ...]
 
-Writes docs/sim_q1_decode_knee.png ... docs/sim_q5_macs.png and docs/sim_seed_answers.json (--only redraws the
+Writes docs/images/sim_q1_decode_knee.png ... docs/images/sim_q5_macs.png and benchmarks/results/sim_seed_questions/sim_seed_answers.json (--only redraws the
 named questions and keeps the other answers already in the JSON).
 """
 
@@ -29,7 +29,9 @@ from ridgeline.sim.setup import SimOptions, deployment  # noqa: E402
 from ridgeline.sim.simulator import simulate  # noqa: E402
 from ridgeline.sim.workload import synthetic  # noqa: E402
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "docs" / "images"
+ANSWERS = ROOT / "benchmarks" / "results" / "sim_seed_questions" / "sim_seed_answers.json"
 H100 = "nvidia-h100-sxm"
 
 
@@ -37,7 +39,7 @@ def finish(fig, ax, name: str, grid: str = "major") -> None:
     ax.legend(fontsize=8)
     ax.grid(True, which=grid, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(DOCS / name, dpi=120)
+    fig.savefig(IMAGES / name, dpi=120)
 
 
 def run(deploy, workload, slo=Slo()) -> dict:
@@ -191,7 +193,7 @@ def q5_macs(n: int) -> dict:
     fig.suptitle("The seed's 16 GB Mac mini M4 vs 48 GB M4 Pro: what fits, and at what speed "
                  "(simulated, roofline step time)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(DOCS / "sim_q5_macs.png", dpi=120)
+    fig.savefig(IMAGES / "sim_q5_macs.png", dpi=120)
     return series
 
 
@@ -201,13 +203,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="requests per simulated load level")
     parser.add_argument("--only", nargs="+", choices=list(questions), default=list(questions), help="questions to answer")
     options = parser.parse_args()
-    saved = DOCS / "sim_seed_answers.json"
-    answers = json.loads(saved.read_text()) if saved.exists() and options.only != list(questions) else {}
+    answers = json.loads(ANSWERS.read_text()) if ANSWERS.exists() and options.only != list(questions) else {}
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    ANSWERS.parent.mkdir(parents=True, exist_ok=True)
     for question in (questions[name] for name in options.only):
         print(question.__name__, flush=True)
         answers[question.__name__] = question(options.requests)
-        (DOCS / "sim_seed_answers.json").write_text(json.dumps(answers, indent=2))  # kept as each one lands
-    (DOCS / "sim_seed_answers.json").write_text(json.dumps(answers, indent=2))
+        ANSWERS.write_text(json.dumps(answers, indent=2))  # kept as each one lands
+    ANSWERS.write_text(json.dumps(answers, indent=2))
 
 
 if __name__ == "__main__":

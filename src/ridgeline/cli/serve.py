@@ -33,7 +33,7 @@ def serve_command(
     max_model_len: int = typer.Option(None, "--max-model-len", min=2, help="Most tokens (prompt + output) one request may reach; a request without max_tokens stops there (default: the model's context, or what the KV cache holds)."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Do not reuse KV blocks of shared prompt prefixes."),
     dtype: str = typer.Option("float32", "--dtype", help="Activation dtype: float32 or bfloat16."),
-    lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) or q4 (Q4_0): fewer bytes per decoded token at some accuracy (see the README's measured trade)."),
+    lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) or q4 (Q4_0): fewer bytes per decoded token at some accuracy (docs/models.md has the measured trade)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Torch intra-op threads (default: torch's choice)."),
     max_waiting: int = typer.Option(256, "--max-waiting", min=0, help="Requests queued beyond the batch before 503s."),
     max_body_kib: int = typer.Option(4096, "--max-body-kib", min=1, help="Largest request body accepted, in KiB (else 413)."),
