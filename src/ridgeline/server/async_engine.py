@@ -169,8 +169,9 @@ class AsyncEngine:
         if aborting:
             self.thread.send([AbortRequest(request_id) for request_id in aborting])
 
-    async def shutdown(self, drain_timeout: float) -> None:
-        """Stop accepting, let in-flight requests finish for up to drain_timeout seconds, abort the rest, stop."""
+    async def drain(self, drain_timeout: float) -> None:
+        """Stop accepting (503 shutting_down), let in-flight requests finish for up to drain_timeout seconds, then
+        answer the rest with that 503 (an error event in a stream that started) and abort them."""
         self.accepting = False
         deadline = time.monotonic() + drain_timeout
         while self._submissions and time.monotonic() < deadline and self.healthy:
@@ -179,6 +180,10 @@ class AsyncEngine:
             submission.queue.put_nowait(APIError(503, "server shut down before the request finished",
                                                  code="shutting_down", headers={"Retry-After": "1"}))
             submission.close()
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        """drain(), then stop the engine thread."""
+        await self.drain(drain_timeout)
         await asyncio.to_thread(self.thread.stop)
         self.kv_intake.close()
 
