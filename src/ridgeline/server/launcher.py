@@ -48,17 +48,19 @@ class GracefulServer(uvicorn.Server):
         self.grace = grace
 
     def handle_exit(self, sig: int, frame) -> None:
+        grace = self.grace
         if self.should_exit and sig in (signal.SIGTERM, signal.SIGINT):
             self.force_exit = True
-            return
-        super().handle_exit(sig, frame)
+            grace = 0.0  # the app's drain ends now too: what runs is told and aborted
+        else:
+            super().handle_exit(sig, frame)
         begin = getattr(getattr(self.config.app, "state", None), "begin_shutdown", None)
         if begin is not None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return
-            loop.call_soon_threadsafe(begin, self.grace)
+            loop.call_soon_threadsafe(begin, grace)
 
 
 def serve_until_signalled(app: FastAPI, host: str, port: int, grace: float, **options) -> None:
