@@ -109,7 +109,7 @@ def test_serving_takes_the_startup_heap_out_of_the_garbage_collectors_sight(monk
 
     frozen_when_serving = []
     monkeypatch.setattr(launcher.signal, "signal", lambda *args: None)
-    monkeypatch.setattr(launcher.uvicorn, "run", lambda *args, **kwargs: frozen_when_serving.append(gc.get_freeze_count()))
+    monkeypatch.setattr(launcher.GracefulServer, "run", lambda *args, **kwargs: frozen_when_serving.append(gc.get_freeze_count()))
     built_at_startup = [[index] for index in range(1000)]  # container objects, tracked by the collector
     try:
         launcher.run_server(object(), ServerConfig())

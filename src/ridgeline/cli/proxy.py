@@ -15,14 +15,13 @@ def proxy_command(
     local_prefill_tokens: int = LOCAL_PREFILL_TOKENS,
     handoff_wait: float = HANDOFF_WAIT,
     max_reprefills: int = MAX_REPREFILLS,
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, help="Seconds in-flight requests get on SIGTERM (a second SIGTERM exits at once); what is still in flight then is cancelled on its workers."),
 ) -> None:
-    import uvicorn
-
     from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
-    from ridgeline.server.launcher import configure_logging
+    from ridgeline.server.launcher import configure_logging, serve_until_signalled
 
     configure_logging()
     settings = handoff_config(local_prefill_tokens, max_reprefills, handoff_wait)
     app_ = create_front_app(FrontConfig.of(settings, tuple(u.rstrip("/") for u in prefill),
                                            tuple(u.rstrip("/") for u in decode)))
-    uvicorn.run(app_, host=host, port=port, access_log=False, log_level="info")
+    serve_until_signalled(app_, host, port, drain_timeout)

@@ -46,10 +46,10 @@ class HttpReplica(Replica):
                 return None
         raise ReplicaFailed(f"{self.name}: health check answered {response.status_code}")
 
-    async def open(self, path: str, body: dict) -> httpx.Response:
+    async def open(self, path: str, body: dict, headers: dict[str, str] | None = None) -> httpx.Response:
         """Send the request; the response is open for streaming (the caller closes it). Raises ReplicaBusy on
         429/503 and ReplicaUnavailable when the server cannot be reached (nothing was done: try elsewhere)."""
-        request = self.client.build_request("POST", path, json={**body, "model": self.served_name})
+        request = self.client.build_request("POST", path, json={**body, "model": self.served_name}, headers=headers)
         try:
             response = await self.client.send(request, stream=True)
         except httpx.HTTPError as error:

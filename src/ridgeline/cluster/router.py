@@ -288,16 +288,22 @@ class Router:
                 self._finish(model, name, request.request_id, outcome)
         raise self._none_took(model, refusals, busy)
 
-    async def forward(self, model: str, path: str, body: dict, prompt_tokens: int, request_id: str) -> Forwarded:
+    async def forward(self, model: str, path: str, body: dict, prompt_tokens: int, request_id: str,
+                      headers: dict[str, str] | None = None) -> Forwarded:
         """Send an OpenAI request body to the best replica of an OpenAI-server model, failing over while none has
-        answered. The body streams through; a connection cut part-way ends it with an error event."""
+        answered. The body streams through; a connection cut part-way ends it with an error event. `headers` go
+        with it (what is left of the request's deadline). Cancelled (its client left) before the replica
+        answered: the connection to it closes, which the replica aborts on."""
         refusals, busy = [], []
         for choice in self.rank(model, prompt_tokens, body.get("max_tokens")):
             name = choice.replica
             replica: HttpReplica = self.replicas[name]
             self._dispatch(model, name, request_id, choice, prompt_tokens)
             try:
-                response = await replica.open(path, body)
+                response = await replica.open(path, body, headers)
+            except asyncio.CancelledError:
+                self._finish(model, name, request_id, "cancelled")
+                raise
             except ReplicaError as error:
                 self._finish(model, name, request_id, "failed_over")
                 self._on_refused(model, name, error)

@@ -194,6 +194,9 @@ class EngineThread:
                 if self.error is not None:  # killed: the engine is treated as lost, nothing more is applied
                     return
                 with self.engine_lock:
+                    with self._wake:  # what came while the lock was held elsewhere: an abort of a request in
+                        messages += self._inbox  # `messages` is applied before the step that would compute it
+                        self._inbox = []
                     retry, self._deferred = self._deferred, []
                     for message in retry + messages:
                         self._apply(message)

@@ -100,6 +100,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="ridgeline", lifespan=lifespan)
     app.state.serving = ctx
+    # On the first SIGTERM (server/launcher.py's GracefulServer), before uvicorn waits for connections: the drain
+    # runs while they are still open, so what outlives the grace is told so explicitly rather than cut.
+    app.state.begin_shutdown = lambda grace: asyncio.ensure_future(driver.drain(grace))
     app.state.metrics = metrics
     install_error_handlers(app)
     install_openapi(app)

@@ -57,6 +57,25 @@ class Submission:
         self.queue: asyncio.Queue = asyncio.Queue()
         self._unfinished = set(request_ids)
         self._first: list = []  # what ready() took from the queue, for outputs() to yield first
+        self.left = False  # closed because the client left or its deadline passed
+        self._seen: set[str] = set()  # requests an output arrived for
+        # Called (on the event loop) with each request id that still finished, not aborted, after the client left:
+        # a prefill worker frees the pages it would have held for a decode worker nobody will send.
+        self.on_finished_after_leaving = None
+
+    def arrive(self, index: int, item) -> None:
+        """An output (or exception) from the engine, on the event loop."""
+        if isinstance(item, BaseException):
+            self.queue.put_nowait(item)
+            return
+        first = item.request_id not in self._seen
+        self._seen.add(item.request_id)
+        if self.left and self._driver is not None:
+            if first and item.output_token_ids:  # its prefill completed, for nobody
+                self._driver.metrics.prefills_for_gone_clients.inc()
+            if item.finished and item.finish_reason != "abort" and self.on_finished_after_leaving is not None:
+                self.on_finished_after_leaving(item.request_id)
+        self.queue.put_nowait((index, item))
 
     async def ready(self) -> None:
         """Wait for the first output (raising what came instead): a decode worker's stream of remote KV starts
@@ -77,8 +96,15 @@ class Submission:
                 self._unfinished.discard(output.request_id)
             yield index, output
 
-    def close(self) -> None:
-        """Abort whatever has not finished (client gone, error, shutdown) so its KV blocks are freed at once."""
+    def close(self, why: str | None = None) -> None:
+        """Abort whatever has not finished (client gone, error, shutdown) so its KV blocks are freed at once.
+        `why` "client_left" or "deadline": nobody waits for the answer any more; counted, and outputs arriving
+        later are watched for prefills done for nobody."""
+        if why is not None and not self.left:
+            self.left = True
+            if self._unfinished and self._driver is not None:
+                metrics = self._driver.metrics
+                (metrics.requests_deadline_exceeded if why == "deadline" else metrics.requests_client_left).inc()
         self._driver._release(self, aborting=sorted(self._unfinished))
         self._unfinished.clear()
 
@@ -123,10 +149,7 @@ class AsyncEngine:
         if not self.accepting:
             raise APIError(503, "server is shutting down", code="shutting_down", headers={"Retry-After": "1"})
         submission = Submission(self, [r.request_id for r in requests])
-        queue = submission.queue
-        routed = [(request, lambda item, i=index: queue.put_nowait(item if isinstance(item, BaseException)
-                                                                   else (i, item)))
-                  for index, request in enumerate(requests)]
+        routed = [(request, lambda item, i=index: submission.arrive(i, item)) for index, request in enumerate(requests)]
         self.kv_intake.accept(requests)  # a decode worker's: its leases kept alive from now (or a 503 if full)
         try:
             self.thread.submit(routed)
@@ -146,8 +169,9 @@ class AsyncEngine:
         if aborting:
             self.thread.send([AbortRequest(request_id) for request_id in aborting])
 
-    async def shutdown(self, drain_timeout: float) -> None:
-        """Stop accepting, let in-flight requests finish for up to drain_timeout seconds, abort the rest, stop."""
+    async def drain(self, drain_timeout: float) -> None:
+        """Stop accepting (503 shutting_down), let in-flight requests finish for up to drain_timeout seconds, then
+        answer the rest with that 503 (an error event in a stream that started) and abort them."""
         self.accepting = False
         deadline = time.monotonic() + drain_timeout
         while self._submissions and time.monotonic() < deadline and self.healthy:
@@ -156,6 +180,10 @@ class AsyncEngine:
             submission.queue.put_nowait(APIError(503, "server shut down before the request finished",
                                                  code="shutting_down", headers={"Retry-After": "1"}))
             submission.close()
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        """drain(), then stop the engine thread."""
+        await self.drain(drain_timeout)
         await asyncio.to_thread(self.thread.stop)
         self.kv_intake.close()
 

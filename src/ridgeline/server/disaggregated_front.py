@@ -22,8 +22,15 @@ workers' own validation of the client's request is.
   the front keeps the pages' lease alive (server/kv_leases.py, a thread of its own); the decode worker does from
   there until its pull.
 - A decode worker gone (refused, restarted, shutting down) before it answered: the same pages go to the pool's
-  next decode worker, once. A client that leaves between prefill and decode gets its pages released at once; a
-  decode worker that dies mid-stream ends the stream with an error event.
+  next decode worker, once. A decode worker that dies mid-stream ends the stream with an error event.
+
+Work nobody waits for stops (issue 38): the client's connection is watched the whole time the front waits on a
+worker (server/client_watch.py). When the client leaves -- before its prefill was scheduled, during it, during the
+KV transfer, during decode -- the upstream request is cancelled at once, which closes its connection: the worker
+behind aborts it in its engine (queued or running) and frees its pages, and prefilled pages not yet taken are
+released on the prefill worker. A request's deadline (`x-ridgeline-deadline-ms`, server/deadline.py) is kept the
+same way here, and what is left of it is forwarded to each worker, which drops the request on its own when it
+passes (after the stream started, the decode worker ends it with the error event).
 """
 
 import asyncio
@@ -40,7 +47,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from ridgeline.cluster import handoff
 from ridgeline.cluster.kv_transfer.zmq_transport import ZmqTransport
-from ridgeline.server.errors import error_response
+from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_client_waits
+from ridgeline.server.deadline import Deadline, deadline_error, forwarded, request_deadline
+from ridgeline.server.errors import APIError, error_response
 from ridgeline.server.kv_leases import LeaseKeeper
 
 logger = logging.getLogger("ridgeline.server.front")
@@ -125,6 +134,11 @@ class DisaggregatedFront:
                                      "decode worker whose KV queue was full.", registry=self.registry)
         self.refusals = Counter("ridgeline_front_refusals", "Requests answered 429/503 with Retry-After, before any "
                                 "byte of an answer, by why.", ["reason"], registry=self.registry)
+        self.client_left = Counter("ridgeline_front_client_left", "Requests whose client left before the answer "
+                                   "started: their upstream requests cancelled.", registry=self.registry)
+        self.deadlines = Counter("ridgeline_front_deadline_exceeded", "Requests whose x-ridgeline-deadline-ms "
+                                 "passed before the answer started: cancelled upstream, answered 504.",
+                                 registry=self.registry)
 
     def _pick(self, role: str) -> str:
         """Round robin over the role's live workers."""
@@ -136,8 +150,21 @@ class DisaggregatedFront:
 
     async def handle(self, path: str, raw: Request) -> Response:
         body = await raw.json()
+        try:
+            deadline = request_deadline(raw.headers)
+        except APIError as error:
+            return error_response(error.status, error.message, error.param, error.code)
         reprefills = [0]
-        response = await self._handle_once_more(path, body, raw, reprefills)
+        try:  # until the answer starts: a stream is Starlette's from there (it cancels the relay when the client goes)
+            response = await while_client_waits(raw, self._handle_once_more(path, body, reprefills, deadline),
+                                                deadline)
+        except ClientLeft:
+            self.client_left.inc()
+            return Response(status_code=204)  # nobody reads it
+        except DeadlinePassed:
+            self.deadlines.inc()
+            error = deadline_error()
+            return error_response(error.status, error.message, code=error.code)
         if reprefills[0]:
             response.headers[REPREFILLS_HEADER] = str(reprefills[0])
         if response.status_code in (429, 503):
@@ -146,43 +173,41 @@ class DisaggregatedFront:
             self.refusals.labels(_error_code(getattr(response, "body", b"")) or "unavailable").inc()
         return response
 
-    async def _handle_once_more(self, path: str, body: dict, raw: Request, reprefills: list[int]) -> Response:
+    async def _handle_once_more(self, path: str, body: dict, reprefills: list[int],
+                                deadline: Deadline | None) -> Response:
         """One request; a worker that cannot be reached before any work was handed over makes the pool look again
         (Ray may have restarted it elsewhere) and the request is tried once more."""
         try:
-            return await self._handle(path, body, raw, reprefills)
+            return await self._handle(path, body, reprefills, deadline)
         except WORKER_GONE:
             await self._refresh()
         try:
-            return await self._handle(path, body, raw, reprefills)
+            return await self._handle(path, body, reprefills, deadline)
         except WORKER_GONE as error:
             self.failures.labels("connect").inc()
             return error_response(503, f"no worker could be reached: {error!r}", code="worker_unreachable",
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
 
-    async def _handle(self, path: str, body: dict, raw: Request, reprefills: list[int]) -> Response:
+    async def _handle(self, path: str, body: dict, reprefills: list[int], deadline: Deadline | None) -> Response:
         decode_url, prefill_url = self._pick("decode"), self._pick("prefill")
         where = await self._where_to_prefill(body, decode_url, prefill_url)
         if isinstance(where, Response):
             return where  # refused before any prefill: the decode side takes no more now
         if where == "local":
             self.placements.labels("local").inc()
-            return await self._forward(decode_url, path, body)
+            return await self._forward(decode_url, path, body, deadline)
         while True:
             self.placements.labels("remote").inc()
-            kv_or_answer = await self._prefill(prefill_url, path, body)
+            kv_or_answer = await self._prefill(prefill_url, path, body, deadline)
             if isinstance(kv_or_answer, Response):
                 if _error_code(kv_or_answer.body) != "kv_pages_gone" or reprefills[0] >= self.config.max_reprefills:
                     return kv_or_answer
             else:
                 kv = kv_or_answer
                 if kv is None:  # finished at its first token: the decode worker redoes the (rare) whole request
-                    return await self._forward(decode_url, path, body)
-                if await raw.is_disconnected():
-                    await self._release(prefill_url, kv)
-                    return Response(status_code=204)
+                    return await self._forward(decode_url, path, body, deadline)
                 try:
-                    return await self._decode(decode_url, path, body, prefill_url, kv, raw)
+                    return await self._decode(decode_url, path, body, prefill_url, kv, deadline)
                 except _PagesGone as gone:
                     if reprefills[0] >= self.config.max_reprefills:
                         self.failures.labels("pages_gone").inc()
@@ -193,7 +218,8 @@ class DisaggregatedFront:
             self.reprefills.inc()
             prefill_url = self._pick("prefill")
 
-    async def _prefill(self, prefill_url: str, path: str, body: dict) -> dict | None | Response:
+    async def _prefill(self, prefill_url: str, path: str, body: dict,
+                       deadline: Deadline | None) -> dict | None | Response:
         """The prefill worker's kv_transfer_params (None: it finished at its first token), or the answer to give
         the client (the prefill worker's own refusal of the request, or a 502)."""
         prefill_body = {**body, "stream": False, "stream_options": None, "max_tokens": 1,
@@ -202,7 +228,8 @@ class DisaggregatedFront:
             prefill_body["max_completion_tokens"] = 1
             prefill_body.pop("max_tokens")
         try:
-            prefilled = await self.client.post(f"{prefill_url}{path}", json=prefill_body)
+            # Cancelled (client left, deadline): the connection closes and the prefill worker aborts it there
+            prefilled = await self.client.post(f"{prefill_url}{path}", json=prefill_body, headers=forwarded(deadline))
         except WORKER_GONE:
             raise  # looked for again
         except httpx.HTTPError as error:
@@ -216,9 +243,10 @@ class DisaggregatedFront:
         return prefilled.json().get("kv_transfer_params")
 
     async def _decode(self, decode_url: str, path: str, body: dict, prefill_url: str, kv: dict,
-                      raw: Request) -> Response:
+                      deadline: Deadline | None) -> Response:
         """Hand the prefilled request to a decode worker; the pages' lease is kept alive until one has taken it.
-        _PagesGone if the decode worker found them gone."""
+        _PagesGone if the decode worker found them gone. Cancelled (the client left, its deadline passed): the
+        pages are released on the prefill worker (a no-op if the decode worker pulled them already)."""
         decode_body = {**body, "kv_transfer_params": {**kv, "do_remote_prefill": True}}
         if isinstance(body.get("prompt"), str):
             # The prefill worker tokenised the prompt already; its ids, from the manifest, spare the decode worker
@@ -234,7 +262,8 @@ class DisaggregatedFront:
         try:
             attempt = 0
             while attempt < 2:
-                request = self.client.build_request("POST", f"{decode_url}{path}", json=decode_body)
+                request = self.client.build_request("POST", f"{decode_url}{path}", json=decode_body,
+                                                    headers=forwarded(deadline))
                 try:
                     upstream = await self.client.send(request, stream=True)
                 except WORKER_GONE as error:  # not there, or died before answering: the pool's next one, once
@@ -249,8 +278,10 @@ class DisaggregatedFront:
                     return error_response(502, f"decode worker {decode_url} failed: {error!r}", code="decode_failed")
                 if upstream.status_code == 200:
                     if not body.get("stream"):
-                        content = await upstream.aread()
-                        await upstream.aclose()
+                        try:
+                            content = await upstream.aread()
+                        finally:  # cancelled mid-read: the connection closes, the decode worker aborts
+                            await upstream.aclose()
                         return Response(content, 200, media_type=upstream.headers.get("content-type"))
                     return StreamingResponse(self._relay(upstream, decode_url), media_type="text/event-stream")
                 content = await upstream.aread()
@@ -272,9 +303,6 @@ class DisaggregatedFront:
                         waited = True
                         self.handoff_waits.inc()
                     await asyncio.sleep(HANDOFF_RETRY_SECONDS)  # full for now: wait for room, the lease kept
-                    if await raw.is_disconnected():
-                        await self._release(prefill_url, kv)
-                        return Response(status_code=204)
                     decode_url = self._pick("decode")
                     continue
                 await self._release(prefill_url, kv)
@@ -292,6 +320,9 @@ class DisaggregatedFront:
             await self._release(prefill_url, kv)
             return error_response(503, f"no decode worker could take the request: {gone!r}",
                                   code="worker_unreachable", headers={"Retry-After": RETRY_AFTER_SECONDS})
+        except asyncio.CancelledError:
+            await self._release(prefill_url, kv)
+            raise
         finally:
             self.leases.let_go(lease)
             self._handing_over[handed_to] -= 1
@@ -349,9 +380,9 @@ class DisaggregatedFront:
         except httpx.HTTPError:
             logger.warning("could not release KV at %s; its lease will", prefill_url)
 
-    async def _forward(self, url: str, path: str, body: dict) -> Response:
+    async def _forward(self, url: str, path: str, body: dict, deadline: Deadline | None) -> Response:
         """The whole request to a decode worker, which prefills it itself."""
-        request = self.client.build_request("POST", f"{url}{path}", json=body)
+        request = self.client.build_request("POST", f"{url}{path}", json=body, headers=forwarded(deadline))
         try:
             upstream = await self.client.send(request, stream=True)
         except WORKER_GONE:
@@ -360,8 +391,10 @@ class DisaggregatedFront:
             self.failures.labels("decode").inc()
             return error_response(502, f"decode worker {url} failed: {error!r}", code="decode_failed")
         if not body.get("stream") or upstream.status_code != 200:
-            content = await upstream.aread()
-            await upstream.aclose()
+            try:
+                content = await upstream.aread()
+            finally:  # cancelled mid-read: the connection closes, the decode worker aborts
+                await upstream.aclose()
             return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"),
                             headers=_retry_after(upstream))
         return StreamingResponse(self._relay(upstream, url), media_type="text/event-stream")

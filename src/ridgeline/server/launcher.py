@@ -1,5 +1,6 @@
 """Run the server: in the foreground for `ridgeline serve`, or on a background thread for tests and benchmarks."""
 
+import asyncio
 import gc
 import logging
 import signal
@@ -27,22 +28,57 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def run_server(app: FastAPI, config: ServerConfig) -> None:
-    """Serve until SIGTERM or SIGINT: stop accepting, give in-flight requests drain_timeout to finish, abort the
-    rest, stop the engine, return."""
-    freeze_startup_heap()
+# After the app's own drain timeout has answered what is still running with an explicit error, uvicorn waits this
+# much longer for those answers to go out before it cuts the connections left.
+FLUSH_SECONDS = 2.0
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, with a shutdown that is graceful and can be cut short (issue 38):
+
+    - the first SIGTERM/SIGINT stops accepting (the listener closes: no new connection) and tells the app
+      (`app.state.begin_shutdown(grace)`, if it has one): a one-model server answers 503 to what still arrives on
+      open connections, and what is still running after `grace` seconds gets an explicit error (a 503, or an
+      error event ending its stream) and is aborted, its pages freed; clients that left were aborted already.
+    - a second SIGTERM or SIGINT exits at once (uvicorn's own only takes a second SIGINT so).
+    """
+
+    def __init__(self, config: uvicorn.Config, grace: float):
+        super().__init__(config)
+        self.grace = grace
+
+    def handle_exit(self, sig: int, frame) -> None:
+        grace = self.grace
+        if self.should_exit and sig in (signal.SIGTERM, signal.SIGINT):
+            self.force_exit = True
+            grace = 0.0  # the app's drain ends now too: what runs is told and aborted
+        else:
+            super().handle_exit(sig, frame)
+        begin = getattr(getattr(self.config.app, "state", None), "begin_shutdown", None)
+        if begin is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            loop.call_soon_threadsafe(begin, grace)
+
+
+def serve_until_signalled(app: FastAPI, host: str, port: int, grace: float, **options) -> None:
+    """Serve until SIGTERM or SIGINT (GracefulServer); return after the shutdown."""
     # uvicorn re-raises the signal it caught once it has shut down; ignoring SIGTERM by then makes that a clean exit.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        http=protocol_with_deadline(config.request_read_timeout),
-        limit_concurrency=config.max_connections,
-        access_log=False,
-        timeout_graceful_shutdown=config.drain_timeout,
-        log_level="info",
-    )
+    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level="info",
+                            timeout_graceful_shutdown=grace + FLUSH_SECONDS, **options)
+    GracefulServer(config, grace).run()
+
+
+def run_server(app: FastAPI, config: ServerConfig) -> None:
+    """Serve until SIGTERM or SIGINT: stop accepting, give in-flight requests drain_timeout to finish, answer the
+    rest with an explicit error and abort them, stop the engine, return; a second signal exits at once."""
+    freeze_startup_heap()
+    serve_until_signalled(app, config.host, config.port, config.drain_timeout,
+                          http=protocol_with_deadline(config.request_read_timeout),
+                          limit_concurrency=config.max_connections)
 
 
 class BackgroundServer:

@@ -70,6 +70,15 @@ class ServerMetrics:
         self.kv_pages_sent = gauge("ridgeline_kv_transfer_pages_sent", "KV pages served to decode workers so far.")
         self.kv_bytes_sent = gauge("ridgeline_kv_transfer_bytes_sent", "KV page bytes served to decode workers so far.")
         self.kv_held_requests = gauge("ridgeline_kv_held_requests", "Requests whose KV pages wait to be collected.")
+        # Work nobody waits for (issue 38): requests aborted because their client left or their deadline passed,
+        # and prefills that still completed after the client had left (one in the step under way when it left:
+        # at most the requests in flight then; more means the abort did not travel).
+        self.requests_client_left = counter("ridgeline_requests_client_left",
+                                            "Requests aborted because their client left before the answer was whole.")
+        self.requests_deadline_exceeded = counter("ridgeline_requests_deadline_exceeded",
+                                                  "Requests dropped because their x-ridgeline-deadline-ms passed.")
+        self.prefills_for_gone_clients = counter("ridgeline_prefills_for_gone_clients",
+                                                 "Prefills whose first token was computed after their client left.")
         self.prompt_tokens = counter("ridgeline_prompt_tokens", "Prompt tokens of finished requests.")
         self.generation_tokens = counter("ridgeline_generation_tokens", "Output tokens of finished requests.")
         self._finished = Counter(

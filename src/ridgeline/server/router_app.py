@@ -24,7 +24,10 @@ from ridgeline.cluster.router import Router
 from ridgeline.engine.messages import AddRequest
 from ridgeline.server.async_engine import Submission
 from ridgeline.server.chat import create_chat_completion
+from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_client_waits
 from ridgeline.server.completions import create_completion
+from ridgeline.server.deadline import deadline_error, request_deadline
+from ridgeline.server.deadline import forwarded as forwarded_deadline
 from ridgeline.server.errors import APIError, error_response, install_error_handlers, validation_message
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -78,8 +81,9 @@ class RoutedSubmission(Submission):
         except ReplicaError as error:
             self.queue.put_nowait(api_error(error))
 
-    def close(self) -> None:
-        """Client gone, error or done: cancelling a pump aborts its request on the replica."""
+    def close(self, why: str | None = None) -> None:
+        """Client gone, error or done: cancelling a pump aborts its request on the replica (a Ray replica's
+        generate tells its actor to abort; a worker's thread frees the pages)."""
         for task in self._tasks:
             task.cancel()
         self._unfinished.clear()
@@ -178,8 +182,18 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
                                     f"{', '.join([AUTO, *router.groups])}", "model", "model_not_found")
             group = router.group(model)
             if group.is_http:
-                forwarded = await router.forward(model, path, body, _prompt_tokens(body, group.chars_per_token),
-                                                 new_request_id("route"))
+                # Until the replica's answer starts, the client is watched: if it leaves (or its deadline passes)
+                # the forward is cancelled, closing the connection the replica aborts on; a stream is Starlette's
+                # from there, which cancels the relay (and so the upstream stream) when the client goes.
+                deadline = request_deadline(raw.headers)
+                try:
+                    forwarded = await while_client_waits(raw, router.forward(
+                        model, path, body, _prompt_tokens(body, group.chars_per_token), new_request_id("route"),
+                        forwarded_deadline(deadline)), deadline)
+                except ClientLeft:
+                    return Response(status_code=204)  # nobody reads it
+                except DeadlinePassed:
+                    raise deadline_error() from None
                 return StreamingResponse(forwarded.body, status_code=forwarded.status, media_type=forwarded.content_type,
                                          headers=forwarded.headers)
             try:

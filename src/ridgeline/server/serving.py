@@ -19,6 +19,8 @@ from ridgeline.engine.messages import ReceiveKV
 from ridgeline.errors import RidgelineError
 from ridgeline.model.tokenizer.base import Tokenizer
 from ridgeline.server.async_engine import AsyncEngine, Submission
+from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_client_waits
+from ridgeline.server.deadline import Deadline, deadline_error, request_deadline
 from ridgeline.server.disaggregation import WorkerRole
 from ridgeline.server.errors import APIError, api_error, error_body
 from ridgeline.server.protocol import Usage
@@ -98,8 +100,9 @@ def sse_error(error: Exception) -> str:
     return sse(error_body(500, f"internal server error: {error!r}"))
 
 
-async def collect(raw: Request, submission: Submission) -> dict[int, object] | None:
-    """The final output of every choice, or None if the client went away first (the caller then aborts)."""
+async def collect(raw: Request, submission: Submission, deadline: Deadline | None = None) -> dict[int, object]:
+    """The final output of every choice. ClientLeft if the client went away first, DeadlinePassed if its deadline
+    did (the caller then aborts)."""
     finals: dict[int, object] = {}
 
     async def gather() -> None:
@@ -107,41 +110,8 @@ async def collect(raw: Request, submission: Submission) -> dict[int, object] | N
             if output.finished:
                 finals[index] = output
 
-    async def client_gone() -> None:
-        while (await raw.receive())["type"] != "http.disconnect":
-            pass
-
-    results = asyncio.create_task(gather())
-    watcher = asyncio.create_task(client_gone())
-    try:
-        done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when this handler itself is cancelled (server shutdown)
-        watcher.cancel()
-        results.cancel()
-    if results not in done:
-        return None
-    results.result()  # re-raises what the engine sent instead of outputs
+    await while_client_waits(raw, gather(), deadline)
     return finals
-
-
-async def _until_client_gone(raw: Request, waiting) -> bool:
-    """Await `waiting` (re-raising what it raises); False if the client went away first (it is then cancelled)."""
-    task = asyncio.ensure_future(waiting)
-
-    async def client_gone() -> None:
-        while (await raw.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.create_task(client_gone())
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        task.cancel()
-    if task not in done:
-        return False
-    task.result()
-    return True
 
 
 class Job(Protocol):
@@ -174,39 +144,63 @@ def check_kv_hold(engine_requests: list, stream: bool) -> bool:
 
 async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingResponse | BaseModel | None:
     """Submit the job, then stream its events, or wait for every choice and answer whole. None: the client left
-    before the whole answer was ready (the submission is then closed, which aborts what is still running)."""
+    before the whole answer was ready (the submission is then closed, which aborts what is still running). A
+    request past its deadline (x-ridgeline-deadline-ms) is aborted wherever it is and answered 504."""
+    deadline = request_deadline(raw.headers)
     submission = ctx.engine.submit(job.engine_requests)
-    if job.request.stream:
-        if any(isinstance(r, ReceiveKV) for r in job.engine_requests):
-            try:  # a pull that fails is a status (503 kv_pages_gone: a front prefills again), not an error event
-                started = await _until_client_gone(raw, submission.ready())
-            except BaseException:
-                submission.close()
-                raise
-            if not started:
-                submission.close()
-                return None
-        return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
+    if getattr(job, "holds_kv", False) and ctx.role.kv_source is not None:
+        # A prefill worker whose client (the front) left: pages that still finish are freed, not held a lease.
+        source = ctx.role.kv_source
+        submission.on_finished_after_leaving = lambda request_id: asyncio.ensure_future(
+            asyncio.to_thread(source.drop, request_id))
     try:
-        finals = await collect(raw, submission)
-    finally:
+        if job.request.stream:
+            if any(isinstance(r, ReceiveKV) for r in job.engine_requests):
+                # a pull that fails is a status (503 kv_pages_gone: a front prefills again), not an error event
+                await while_client_waits(raw, submission.ready(), deadline)
+            return StreamingResponse(_stream(job, submission, deadline), media_type="text/event-stream")
+        finals = await collect(raw, submission, deadline)
+    except ClientLeft:
+        submission.close("client_left")
+        job.log()
+        return None
+    except DeadlinePassed:
+        submission.close("deadline")
+        job.log()
+        raise deadline_error() from None
+    except BaseException:
         submission.close()
-    if finals is not None:
-        job.last = [finals[i] for i in range(len(job.engine_requests))]
+        raise
+    submission.close()
+    job.last = [finals[i] for i in range(len(job.engine_requests))]
     job.log()
-    return None if finals is None else job.response()
+    return job.response()
 
 
-async def _stream(job: Job, submission: Submission) -> AsyncIterator[str]:
+async def _stream(job: Job, submission: Submission, deadline: Deadline | None) -> AsyncIterator[str]:
+    complete = False  # False in `finally`: the stream was cancelled because its client left
     try:
-        async for event in job.events(submission):
+        events = aiter(job.events(submission))
+        while True:
+            try:
+                timeout = deadline.remaining() if deadline is not None else None
+                event = await asyncio.wait_for(anext(events), timeout)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:  # the deadline passed mid-stream: dropped, told in the stream's last event
+                submission.close("deadline")
+                complete = True
+                yield sse_error(deadline_error())
+                break
             yield event
-        if job.request.stream_options is not None and job.request.stream_options.include_usage:
+        if not submission.left and job.request.stream_options is not None and job.request.stream_options.include_usage:
             yield job.usage_event()
+        complete = True
     except Exception as error:  # noqa: BLE001 - the 200 is already sent; the error must travel in the stream
+        complete = True
         yield sse_error(error)
     finally:
-        submission.close()
+        submission.close(None if complete else "client_left")
         job.log()
     yield SSE_DONE
 
