@@ -22,6 +22,8 @@ from ridgeline.server.async_engine import AsyncEngine, Submission
 from ridgeline.server.disaggregation import WorkerRole
 from ridgeline.server.errors import APIError, api_error, error_body
 from ridgeline.server.protocol import Usage
+from ridgeline.server.tenants import TenantAccount, reserve
+from ridgeline.tenancy.gate import TenantGate
 
 request_logger = logging.getLogger("ridgeline.server.requests")
 
@@ -34,6 +36,7 @@ class ServingContext:
     model_name: str
     log_prompts: bool = False
     role: WorkerRole = field(default_factory=WorkerRole)  # disaggregated prefill/decode, or both
+    tenants: TenantGate | None = None  # per-tenant limits and usage (--tenants); None: none
 
     @property
     def max_model_len(self) -> int:
@@ -153,6 +156,9 @@ class Job(Protocol):
 
     def log(self) -> None: ...
 
+    def usage(self) -> Usage:
+        """The tokens the choices used so far (what the response's `usage` says)."""
+
     def response(self) -> BaseModel:
         """The whole answer, from `last` (every choice finished)."""
 
@@ -173,31 +179,47 @@ def check_kv_hold(engine_requests: list, stream: bool) -> bool:
 
 
 async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingResponse | BaseModel | None:
-    """Submit the job, then stream its events, or wait for every choice and answer whole. None: the client left
-    before the whole answer was ready (the submission is then closed, which aborts what is still running)."""
-    submission = ctx.engine.submit(job.engine_requests)
+    """Check the tenant's limits (a 429 before anything runs), submit the job, then stream its events, or wait
+    for every choice and answer whole. None: the client left before the whole answer was ready (the submission is
+    then closed, which aborts what is still running). The tenant is charged what the job used, once, however it
+    ends."""
+    account = await reserve(ctx.tenants, raw, job.engine_requests)
+    try:
+        submission = ctx.engine.submit(job.engine_requests)
+    except BaseException:
+        _settle(account, None)  # refused by the engine (full queue, no replica): nothing ran
+        raise
     if job.request.stream:
         if any(isinstance(r, ReceiveKV) for r in job.engine_requests):
             try:  # a pull that fails is a status (503 kv_pages_gone: a front prefills again), not an error event
                 started = await _until_client_gone(raw, submission.ready())
             except BaseException:
                 submission.close()
+                _settle(account, None)
                 raise
             if not started:
                 submission.close()
+                _settle(account, None)
                 return None
-        return StreamingResponse(_stream(job, submission), media_type="text/event-stream")
+        return StreamingResponse(_stream(job, submission, account), media_type="text/event-stream")
+    finals = None
     try:
         finals = await collect(raw, submission)
     finally:
         submission.close()
-    if finals is not None:
-        job.last = [finals[i] for i in range(len(job.engine_requests))]
+        if finals is not None:
+            job.last = [finals[i] for i in range(len(job.engine_requests))]
+        _settle(account, job)
     job.log()
     return None if finals is None else job.response()
 
 
-async def _stream(job: Job, submission: Submission) -> AsyncIterator[str]:
+def _settle(account: TenantAccount | None, job: Job | None) -> None:
+    if account is not None:
+        account.settle(job.usage() if job is not None else None)
+
+
+async def _stream(job: Job, submission: Submission, account: TenantAccount | None = None) -> AsyncIterator[str]:
     try:
         async for event in job.events(submission):
             yield event
@@ -207,6 +229,7 @@ async def _stream(job: Job, submission: Submission) -> AsyncIterator[str]:
         yield sse_error(error)
     finally:
         submission.close()
+        _settle(account, job)
         job.log()
     yield SSE_DONE
 
