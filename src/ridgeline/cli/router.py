@@ -20,6 +20,11 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
     from ridgeline.server.router_app import create_router_app
 
     configure_logging()
+    gate = None
+    if tenants is not None:
+        from ridgeline.tenancy.gate import TenantGate
+
+        gate = TenantGate(tenants, usage_db, api_key or None)  # a bad file stops start-up with its reason
     config = load_config(config_path)
     if policy is not None:
         config = with_policy(config, policy)
@@ -35,11 +40,8 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
             print(f"{placement.backend.model} [{placement.backend.kind}] {state}: {placement.reason}", flush=True)
         return built.router
 
-    gate = None
-    if tenants is not None:
-        from ridgeline.tenancy.gate import TenantGate
-
-        gate = TenantGate(tenants, usage_db, server_config.api_key)  # a bad file stops start-up with its reason
+    if gate is not None:
+        gate.api_key = server_config.api_key  # the config's [router] api_key, if --api-key did not give one
     run_server(create_router_app(build, api_key=server_config.api_key, tenants=gate), server_config)
 
 

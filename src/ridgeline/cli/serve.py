@@ -58,6 +58,10 @@ def serve_command(
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
 ) -> None:
+    if tenants is not None:
+        from ridgeline.tenancy.config import load_tenants
+
+        load_tenants(tenants)  # a bad file is one line before the model loads, not after
     if router is not None:
         from ridgeline.cli.router import run_router
 
