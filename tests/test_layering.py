@@ -7,7 +7,8 @@
   (engine/engine_thread.py) sits below both fronts, the one-model server and the router's workers;
 - engine/ never imports sim/: the simulator runs the engine's scheduler, and hands it its step-time model
   (a plain callable) where the scheduler needs one;
-- model/attention_batch.py, which model/layers/ consume, does not import from model/layers/.
+- model/attention_batch.py, which model/layers/ consume, does not import from model/layers/;
+- tenancy/ (keys, limits, usage) is below every front: it imports none of server/, cluster/, engine/ or model/.
 
 Every import counts, including those inside functions.
 """
@@ -93,6 +94,13 @@ def test_engine_never_imports_the_simulator(path):
 def test_cluster_never_imports_the_server(path):
     server = {name for name in imported_modules(path) if within(name, ["ridgeline.server"])}
     assert not server, f"{path.relative_to(PACKAGE)} imports {sorted(server)}"
+
+
+@pytest.mark.parametrize("path", modules_under("tenancy"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_tenancy_imports_no_front_and_no_engine(path):
+    above = {name for name in imported_modules(path)
+             if within(name, ["ridgeline.server", "ridgeline.cluster", "ridgeline.engine", "ridgeline.model"])}
+    assert not above, f"{path.relative_to(PACKAGE)} imports {sorted(above)}"
 
 
 def test_attention_batch_does_not_import_from_the_layers_that_use_it():
