@@ -28,6 +28,7 @@ def serve_command(
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step (all of them prefill when no decode runs; see --itl-target-ms)."),
     itl_target_ms: str = ITL_TARGET_MS,
+    priority_aging_steps: int = typer.Option(None, "--priority-aging-steps", min=1, help="Ageing: every this many engine steps, each waiting request goes one priority level earlier, so a low priority (a batch tenant) is admitted at last under sustained higher-priority load (default: strict priority)."),
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
     kv_cache_dtype: str = KV_CACHE_DTYPE,
     kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
@@ -99,6 +100,7 @@ def serve_command(
         max_model_len=max_model_len,
         speculative_tokens=speculative_tokens,
         itl_target=parse_itl_target(itl_target_ms),
+        priority_aging_steps=priority_aging_steps,
     )
     server_config = ServerConfig(
         host=host,
