@@ -229,3 +229,53 @@ def _until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_the_router_counts_every_replica_against_one_limit(tmp_path):
+    from cluster_helpers import TEST_RATES, local_group
+    from ridgeline.cluster.rates import Rates
+    from ridgeline.cluster.router import Router
+    from ridgeline.server.launcher import BackgroundServer
+    from ridgeline.server.router_app import create_router_app
+    from ridgeline.tenancy.gate import TenantGate
+
+    write_tenants(tmp_path / "t.toml", acme="requests_per_minute = 3")
+
+    async def build() -> Router:
+        group = local_group("small", replicas=2)
+        router = Router([group], {r.name: Rates(*TEST_RATES, "configured") for r in group.replicas},
+                        policy="round_robin", health_interval_s=3600, learn_rates=False)
+        await router.start()
+        return router
+
+    gate = TenantGate(tmp_path / "t.toml")
+    with BackgroundServer(create_router_app(build, tenants=gate)) as server:
+        acme = client(server.url, ACME)
+        usages = [acme.completions.create(model="small", prompt=PROMPT, max_tokens=3).usage for _ in range(3)]
+        with pytest.raises(openai.RateLimitError) as refused:
+            acme.completions.create(model="small", prompt=PROMPT, max_tokens=3)
+        assert refused.value.response.json()["error"]["code"] == "rate_limit_exceeded"
+        mine = usage_of(server.url, ACME)
+        assert (mine["requests"], mine["completion_tokens"]) == (3, sum(u.completion_tokens for u in usages))
+        text = httpx.get(f"{server.url}/metrics").text
+        assert metric(text, "ridgeline_tenant_requests_total", tenant="acme") == 3
+        assert metric(text, "ridgeline_tenant_rejected_total", tenant="acme", limit="requests_per_minute") == 1
+        with pytest.raises(openai.AuthenticationError):
+            client(server.url, "rl-unknown").completions.create(model="small", prompt=PROMPT, max_tokens=3)
+
+
+@pytest.mark.parametrize("asked, runs_at", [(None, 10), (3, 10), (20, 20)])
+def test_a_tenants_class_is_the_requests_priority_unless_it_asks_to_go_later(asked, runs_at):
+    from starlette.requests import Request
+
+    from ridgeline.server.protocol import CompletionRequest
+    from ridgeline.server.tenants import apply_priority
+    from ridgeline.tenancy.config import Tenant
+
+    raw = Request({"type": "http", "headers": [], "state": {"tenant": Tenant("batch", priority=10)}})
+    request = CompletionRequest.model_validate({"prompt": PROMPT, **({"priority": asked} if asked is not None else {})})
+    apply_priority(raw, request)
+    assert request.priority == runs_at
+    untenanted = CompletionRequest.model_validate({"prompt": PROMPT, "priority": -5})
+    apply_priority(Request({"type": "http", "headers": []}), untenanted)
+    assert untenanted.priority == -5  # no tenants file: the request's own field, as before
