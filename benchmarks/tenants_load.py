@@ -156,14 +156,16 @@ async def run(url: str, args) -> dict:
                            and status == 200)
 
     def metric(name, tenant, extra=""):
-        key = f'{name}{{tenant="{tenant}"{extra}}}'
-        return next(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(key))
+        labels = [f'tenant="{tenant}"', *([extra.strip(",")] if extra else [])]
+        found = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                 if line.startswith(name + "{") and all(label in line for label in labels)]
+        return found[0] if found else float("nan")
 
     # The interactive tenant's alone-phase requests count in /metrics too: compare against both phases.
     client_counts = {"interactive": alone.ok + mixed.ok + 1, "batch": batch.ok, "over": over.ok}
-    server_counts = {t: int(metric("ridgeline_tenant_requests_total", t)) for t in client_counts}
-    refused = {"client": over.refused, "server": int(metric("ridgeline_tenant_rejected_total", "over",
-                                                            ',limit="tokens_per_minute"'))}
+    server_counts = {t: metric("ridgeline_tenant_requests_total", t) for t in client_counts}
+    refused = {"client": over.refused, "server": metric("ridgeline_tenant_rejected_total", "over",
+                                                        ',limit="tokens_per_minute"')}
     interactive_alone = {"ttft": percentiles(alone.ttfts), "itl": percentiles(alone.itls)}
     interactive_mixed = {"ttft": percentiles(mixed.ttfts), "itl": percentiles(mixed.itls)}
     return {
@@ -181,6 +183,7 @@ async def run(url: str, args) -> dict:
                              "equal": client_counts == server_counts},
         "metrics_refused": refused | {"equal": refused["client"] == refused["server"]},
         "mixed_s": elapsed,
+        "tenant_metrics": [line for line in metrics.splitlines() if line.startswith("ridgeline_tenant_")],
     }
 
 
