@@ -175,3 +175,45 @@ def test_the_server_takes_priority_and_refuses_a_bad_one() -> None:
                 response = httpx.post(server.url + path, json=body | {"priority": bad}, timeout=60)
                 assert response.status_code == 400, (bad, response.text)
                 assert response.json()["error"]["param"] == "priority"
+
+
+# A sustained stream of urgent requests, one arriving every step, and one low-priority request at step 0: with one
+# sequence in the batch, strict priority admits the low one only once the stream stops; ageing bounds its wait.
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(aging_steps=st.integers(1, 4), gap=st.integers(1, 4), urgent=st.integers(-3, 0),
+       lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 3)), min_size=40, max_size=40))
+def test_ageing_bounds_how_long_a_low_priority_waits(aging_steps, gap, urgent, lengths) -> None:
+    low = (0, 6, 2, urgent + gap)
+    stream = [(step_index, prompt_len, max_tokens, urgent) for step_index, (prompt_len, max_tokens) in enumerate(lengths)]
+    requests = [low, *stream]
+
+    def first_admission(scheduler) -> list[Sequence]:
+        admitted: list[Sequence] = []
+
+        def record(before, output, after):
+            admitted.extend(c.seq for c in output.chunks if c.seq not in admitted and c.seq in before[0])
+
+        everyone = drive(scheduler, requests, record)
+        assert_all_correct(scheduler, everyone)
+        return admitted
+
+    setup = dict(num_pages=64, block_size=4, max_num_batched_tokens=16, max_num_seqs=1, enable_prefix_caching=False)
+    strict = first_admission(make_scheduler(**setup))
+    assert strict[-1].request_id == "r0", "without ageing the stream starves the low priority to its end"
+
+    aged = first_admission(make_scheduler(**setup, priority_aging_steps=aging_steps))
+    position = [s.request_id for s in aged].index("r0")
+    # After gap * aging_steps steps of waiting it queues at the stream's priority, ahead of later arrivals: nothing
+    # that arrived after that is admitted before it.
+    bound = gap * aging_steps
+    overtaken_by = [int(s.request_id[1:]) - 1 for s in aged[:position]]  # stream index = arrival step
+    assert all(arrival < bound for arrival in overtaken_by), (bound, overtaken_by)
+
+
+def test_ageing_is_off_by_default_and_takes_only_a_positive_step_count() -> None:
+    from ridgeline.engine.scheduler import SchedulerConfig
+    from ridgeline.errors import RidgelineError
+
+    assert SchedulerConfig().priority_aging_steps is None
+    with pytest.raises(RidgelineError, match="priority_aging_steps must be at least 1"):
+        SchedulerConfig(priority_aging_steps=0)

@@ -6,10 +6,12 @@ from pathlib import Path
 import typer
 
 from ridgeline.cli.app import app
+from ridgeline.cli.tenant_options import TENANTS, USAGE_DB
 
 
 def run_router(config_path: Path, memory: str | None, host: str | None, port: int | None,
-               api_key: str | None = None, policy: str | None = None) -> None:
+               api_key: str | None = None, policy: str | None = None, tenants: Path | None = None,
+               usage_db: Path | None = None) -> None:
     from ridgeline.engine.options import parse_bytes
     from ridgeline.cluster.build import build_router
     from ridgeline.cluster.config import load_config
@@ -18,6 +20,11 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
     from ridgeline.server.router_app import create_router_app
 
     configure_logging()
+    gate = None
+    if tenants is not None:
+        from ridgeline.tenancy.gate import TenantGate
+
+        gate = TenantGate(tenants, usage_db, api_key or None)  # a bad file stops start-up with its reason
     config = load_config(config_path)
     if policy is not None:
         config = with_policy(config, policy)
@@ -33,7 +40,9 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
             print(f"{placement.backend.model} [{placement.backend.kind}] {state}: {placement.reason}", flush=True)
         return built.router
 
-    run_server(create_router_app(build, api_key=server_config.api_key), server_config)
+    if gate is not None:
+        gate.api_key = server_config.api_key  # the config's [router] api_key, if --api-key did not give one
+    run_server(create_router_app(build, api_key=server_config.api_key, tenants=gate), server_config)
 
 
 def with_policy(config, policy: str):
@@ -51,5 +60,7 @@ def router_command(
     port: int = typer.Option(None, "--port", min=0, max=65535, help="TCP port (default: the config's, else 8000)."),
     api_key: str = typer.Option(None, "--api-key", envvar="RIDGELINE_API_KEY", help="Require 'Authorization: Bearer KEY'."),
     policy: str = typer.Option(None, "--policy", help="Which replica takes a request: cost (prefix cache and load, the default) or round_robin (overrides the config's [router] policy)."),
+    tenants: Path = TENANTS,
+    usage_db: Path = USAGE_DB,
 ) -> None:
-    run_router(config, memory, host, port, api_key, policy)
+    run_router(config, memory, host, port, api_key, policy, tenants, usage_db)

@@ -9,6 +9,7 @@ from rich.console import Console
 from ridgeline.cli.app import app
 from ridgeline.cli.disaggregation_options import (HANDOFF_WAIT, LOCAL_PREFILL_TOKENS, MAX_KV_WAITING, MAX_REPREFILLS,
                                                  handoff_config)
+from ridgeline.cli.tenant_options import TENANTS, USAGE_DB
 from ridgeline.cli.engine_options import ITL_TARGET_MS, KV_CACHE_DTYPE, KV_CACHE_DTYPE_K, KV_CACHE_DTYPE_V
 
 if TYPE_CHECKING:
@@ -21,10 +22,13 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; the default keeps the server on loopback."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: any free port)."),
     api_key: str = typer.Option(None, "--api-key", envvar="RIDGELINE_API_KEY", help="Require 'Authorization: Bearer KEY'."),
+    tenants: Path = TENANTS,
+    usage_db: Path = USAGE_DB,
     served_model_name: str = typer.Option(None, "--served-model-name", help="Model name clients use (default: the file's name)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step (all of them prefill when no decode runs; see --itl-target-ms)."),
     itl_target_ms: str = ITL_TARGET_MS,
+    priority_aging_steps: int = typer.Option(None, "--priority-aging-steps", min=1, help="Ageing: every this many engine steps, each waiting request goes one priority level earlier, so a low priority (a batch tenant) is admitted at last under sustained higher-priority load (default: strict priority)."),
     kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
     kv_cache_dtype: str = KV_CACHE_DTYPE,
     kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
@@ -55,10 +59,14 @@ def serve_command(
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
 ) -> None:
+    if tenants is not None:
+        from ridgeline.tenancy.config import load_tenants
+
+        load_tenants(tenants)  # a bad file is one line before the model loads, not after
     if router is not None:
         from ridgeline.cli.router import run_router
 
-        run_router(router, memory, host, port, api_key)
+        run_router(router, memory, host, port, api_key, tenants=tenants, usage_db=usage_db)
         return
     if prefill_workers or decode_workers:
         if kv_cache_dtype_k or kv_cache_dtype_v:  # the Ray workers' config carries one KV type for both sides
@@ -92,11 +100,14 @@ def serve_command(
         max_model_len=max_model_len,
         speculative_tokens=speculative_tokens,
         itl_target=parse_itl_target(itl_target_ms),
+        priority_aging_steps=priority_aging_steps,
     )
     server_config = ServerConfig(
         host=host,
         port=port,
         api_key=api_key,
+        tenants_file=str(tenants) if tenants else None,
+        usage_db=str(usage_db) if usage_db else None,
         served_model_name=served_model_name,
         max_waiting=max_waiting,
         max_body_bytes=max_body_kib * 1024,

@@ -50,7 +50,8 @@ def engine_config(model: Path | None, *, threads: int | None = None, dtype: str 
                   kv_cache_dtype_v: str | None = None, block_size: int = 16,
                   max_num_seqs: int = 256, max_num_batched_tokens: int = 2048, prefix_caching: bool = True,
                   chunked_prefill: bool = True, max_model_len: int | None = None,
-                  speculative_tokens: int = 0, itl_target: "ItlTarget | None" = None) -> "EngineConfig":
+                  speculative_tokens: int = 0, itl_target: "ItlTarget | None" = None,
+                  priority_aging_steps: int | None = None) -> "EngineConfig":
     # Imported here: the command modules import this one as they load for `ridgeline --help`, which needs no torch.
     from ridgeline.engine.kv_cache import KVCacheConfig
     from ridgeline.engine.llm_engine import EngineConfig
@@ -66,7 +67,7 @@ def engine_config(model: Path | None, *, threads: int | None = None, dtype: str 
                                kv_cache_dtype_v),
         scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                   enable_prefix_caching=prefix_caching, enable_chunked_prefill=chunked_prefill,
-                                  itl_target=itl_target),
+                                  itl_target=itl_target, priority_aging_steps=priority_aging_steps),
         max_model_len=max_model_len,
         speculative=SpeculativeConfig(num_tokens=speculative_tokens),
     )

@@ -21,6 +21,8 @@ queue's head is the most urgent request; the victim of a preemption is the runni
 (largest value), the most recently admitted among those; and a waiting head that finds no room (KV pages or a
 slot in the batch) may preempt running sequences of strictly lower priority, never of its own or higher. With
 every priority equal (the default, 0) each of these is exactly the first-come-first-served rule above.
+With ageing on (SchedulerConfig.priority_aging_steps) every waiting request gains a priority level each that many
+steps, which bounds how long a low priority can be kept out by later, higher-priority arrivals.
 
 No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
 """
@@ -76,11 +78,16 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True  # off: a prompt is prefilled whole in one step or waits
     itl_target: ItlTarget | None = None  # None: prefill chunks fill the token budget whatever decodes run
+    # Ageing: every this many steps, every waiting request goes one priority level earlier, so a low priority is
+    # admitted at last under any sustained higher-priority load. None: strict priority, no ageing.
+    priority_aging_steps: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise RidgelineError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.priority_aging_steps is not None and self.priority_aging_steps < 1:
+            raise RidgelineError(f"priority_aging_steps must be at least 1, got {self.priority_aging_steps}")
         if self.itl_target is not None and not self.enable_chunked_prefill:
             # A prompt that only fits whole would wait for a step without decodes, which steady load never gives.
             raise RidgelineError("an ITL target needs chunked prefill (it caps the prefill chunk of a step)")
@@ -172,6 +179,7 @@ class Scheduler:
         self.clock = clock
         self.proposer = proposer
         self.waiting: deque[Sequence] = deque()  # by priority, then arrival: the head is admitted first
+        self._steps_scheduled = 0  # for ageing (priority_aging_steps)
         self.running: list[Sequence] = []  # in admission order: of the lowest priority, the last one is preempted first
         self._requests: dict[str, Sequence] = {}
         # Forks waiting for their parent's prompt to be computed: parent id -> children, child id -> parent id.
@@ -267,6 +275,20 @@ class Scheduler:
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
 
+    def _age_waiting(self) -> None:
+        """Every priority_aging_steps steps, each waiting request goes one level earlier. All of them at once, so
+        the queue's order (priority, then arrival) holds as it is; what changes is where a newcomer of a given
+        priority queues: behind a request that has waited long enough, whatever that one's own priority was.
+        A request of priority p thus queues ahead of every later arrival of priority q <= p once it has waited
+        (p - q) * priority_aging_steps steps."""
+        every = self.config.priority_aging_steps
+        if every is None:
+            return
+        self._steps_scheduled += 1
+        if self._steps_scheduled % every == 0:
+            for seq in self.waiting:
+                seq.aged += 1
+
     def _release_forks(self, parent: Sequence) -> None:
         for child in self._pending_forks.pop(parent.request_id, []):
             del self._fork_parent[child.request_id]
@@ -277,6 +299,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
+        self._age_waiting()
         budget = self.config.max_num_batched_tokens
         scheduled: dict[Sequence, ScheduledChunk] = {}  # insertion order = output order
         preempted: list[Sequence] = []

@@ -45,6 +45,8 @@ class Sequence:
     hold_kv: bool = False
     # The request's grammar state (engine/structured/matcher.py), when it asked for structured output.
     grammar: "GrammarMatcher | None" = None
+    # Priority levels gained by waiting (SchedulerConfig.priority_aging_steps): the bound on starvation.
+    aged: int = 0
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -57,8 +59,8 @@ class Sequence:
 
     @property
     def priority(self) -> int:
-        """Lower is served first (SamplingParams.priority)."""
-        return self.sampling_params.priority
+        """Lower is served first: SamplingParams.priority, less what the request gained by waiting."""
+        return self.sampling_params.priority - self.aged
 
     @property
     def num_tokens(self) -> int:

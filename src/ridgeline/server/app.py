@@ -39,7 +39,9 @@ from ridgeline.server.protocol import (
 )
 from ridgeline.server.serving import ServingContext
 from ridgeline.server.slow_clients import REQUEST_READ_SECONDS
+from ridgeline.server.tenants import install_tenancy, refresh_metrics, reload_on_sighup
 from ridgeline.server.tokenizer_info import tokenizer_info
+from ridgeline.tenancy.gate import TenantGate
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class ServerConfig:
     request_read_timeout: float = REQUEST_READ_SECONDS  # to send a whole request (slow clients: slow_clients.py)
     max_connections: int | None = 4096  # beyond this uvicorn answers 503 at once instead of taking the socket
     hardware: str = THIS_MACHINE  # the machine the dashboard's roofline is drawn for (catalogue name or measured)
+    tenants_file: str | None = None  # tenants, keys and limits (tenancy/config.py); None: --api-key alone, or open
+    usage_db: str | None = None  # the tenants' shared usage store (SQLite); None: beside the tenants file
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
@@ -75,6 +79,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
                          max_kv_waiting=config.max_kv_waiting)
     role = WorkerRole(config.role)
     kv_server: ZmqKVServer | None = None
+    tenants = TenantGate(config.tenants_file, config.usage_db, config.api_key) if config.tenants_file else None
     ctx = ServingContext(
         engine=driver,
         tokenizer=engine.tokenizer,
@@ -82,12 +87,15 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         model_name=model_name,
         log_prompts=config.log_prompts,
         role=role,
+        tenants=tenants,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         nonlocal kv_server
         await driver.start()
+        if tenants is not None:
+            reload_on_sighup(tenants)
         if config.role == "prefill":
             role.kv_source = KVSource(engine, config.kv_lease_seconds, lock=driver.engine_access())
             role.kv_source.attach(driver.thread)  # offers, pulls, keep-alives and releases never wait on the engine
@@ -97,6 +105,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         if kv_server is not None:
             kv_server.close()
         await driver.shutdown(config.drain_timeout)
+        if tenants is not None:
+            tenants.close()
 
     app = FastAPI(title="ridgeline", lifespan=lifespan)
     app.state.serving = ctx
@@ -107,8 +117,12 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
-    if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)  # outermost: no key, no body read
+    if config.api_key or tenants is not None:  # outermost: no key, no body read
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, tenants=tenants)
+    tenant_metrics = None
+    if tenants is not None:
+        tenant_metrics = install_tenancy(app, tenants)
+        metrics.registry.register(tenant_metrics)
 
     def respond(result: BaseModel | Response | None) -> Response:
         if isinstance(result, Response):
@@ -140,6 +154,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         # The engine's gauges are those of its last published snapshot (after every step, and after pages freed
         # off the engine thread): a scrape never takes the engine lock, which a long prefill step holds for
         # seconds, and so never stalls this event loop (health checks, every stream).
+        if tenant_metrics is not None:
+            await refresh_metrics(tenants, tenant_metrics)
         if kv_server is not None:
             metrics.kv_pages_sent.set(kv_server.pages_sent)
             metrics.kv_bytes_sent.set(kv_server.page_bytes_sent)

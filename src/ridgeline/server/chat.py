@@ -36,6 +36,7 @@ from ridgeline.server.serving import (
     new_request_id,
     sse,
 )
+from ridgeline.server.tenants import apply_priority
 from ridgeline.server.structured import compile_ahead
 from ridgeline.tool_calls import ToolCallDelta, Toolset
 
@@ -147,6 +148,7 @@ def _tool_call_chunk(delta: ToolCallDelta) -> ToolCallChunk:
 
 
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest, raw: Request):
+    apply_priority(raw, request)
     tools = chat_tools(request)
     constraint = chat_constraint(request, tools)
     await compile_ahead(ctx.admission, constraint)

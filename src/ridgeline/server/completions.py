@@ -17,6 +17,7 @@ from ridgeline.server.protocol import (
 )
 from ridgeline.server.disaggregation import engine_requests, offer_prefilled
 from ridgeline.server.sampling import admit, sampling_params
+from ridgeline.server.tenants import apply_priority
 from ridgeline.server.structured import compile_ahead, requested_constraint
 from ridgeline.server.serving import (
     ServingContext,
@@ -157,5 +158,6 @@ class CompletionJob:
 
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw: Request):
+    apply_priority(raw, request)
     await compile_ahead(ctx.admission, requested_constraint(request))
     return await answer(ctx, CompletionJob(ctx, request), raw)

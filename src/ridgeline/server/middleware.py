@@ -1,4 +1,4 @@
-"""Request gates that run before any body is parsed: the API key (401) and the body size limit (413).
+"""Request gates that run before any body is parsed: the API key or tenant key (401) and the body size limit (413).
 
 Plain ASGI middleware rather than Starlette's BaseHTTPMiddleware, which would buffer streamed responses
 and hide client disconnects from the handlers.
@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ridgeline.server.dashboard import OPEN_DASHBOARD_PATHS
 from ridgeline.server.errors import error_body
+from ridgeline.tenancy.gate import TenantGate
 
 # Paths a load balancer or Prometheus may reach without the key (as vLLM does), and the dashboard's page and
 # assets: code only, whose data requests carry the key (server/dashboard.py).
@@ -26,16 +27,26 @@ async def _send_error(send: Send, status: int, message: str, code: str | None = 
 
 
 class ApiKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` on every path but the open ones."""
+    """Requires `Authorization: Bearer <key>` on every path but the open ones: the one --api-key, or with a
+    tenants gate (tenancy/gate.py) any tenant's key, whose tenant it leaves in the request's state."""
 
-    def __init__(self, app: ASGIApp, api_key: str):
+    def __init__(self, app: ASGIApp, api_key: str | None = None, tenants: "TenantGate | None" = None):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.tenants = tenants
+
+    def _allowed(self, scope: Scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if self.tenants is None:
+            return hmac.compare_digest(given, self.expected)
+        tenant = self.tenants.authenticate(given)
+        if tenant is not None:
+            scope.setdefault("state", {})["tenant"] = tenant
+        return tenant is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self._allowed(scope):
                 await _send_error(
                     send, 401, "missing or wrong API key", "invalid_api_key", [(b"www-authenticate", b"Bearer")]
                 )

@@ -32,6 +32,8 @@ from ridgeline.server.errors import APIError, error_response, install_error_hand
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from ridgeline.server.serving import ServingContext, new_request_id
+from ridgeline.server.tenants import install_tenancy, refresh_metrics, reload_on_sighup
+from ridgeline.tenancy.gate import TenantGate
 
 AUTO = "auto"
 logger = logging.getLogger("ridgeline.router")
@@ -122,10 +124,14 @@ def _prompt_tokens(body: dict, chars_per_token: float = 4.0) -> int:
 
 
 def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key: str | None = None,
-                      max_body_bytes: int = 4 * 1024 * 1024, log_prompts: bool = False) -> FastAPI:
+                      max_body_bytes: int = 4 * 1024 * 1024, log_prompts: bool = False,
+                      tenants: TenantGate | None = None) -> FastAPI:
     """`router`: a started Router (the caller closes it), or an async factory the app calls at startup (the app
-    then closes what it built at shutdown), so the replicas and health loop live on the server's event loop."""
+    then closes what it built at shutdown), so the replicas and health loop live on the server's event loop.
+    `tenants`: per-tenant keys, limits and usage (the app closes it at shutdown); the router's replicas and any
+    other router or server given the same usage file count into the same limits."""
     contexts: dict[str, ServingContext] = {}
+    tenant_metrics = None
 
     def adopt(built: Router) -> None:
         nonlocal router
@@ -133,9 +139,11 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
         app.state.router = built
         contexts.update({
             name: ServingContext(engine=RoutedEngine(built, name), tokenizer=group.tokenizer, admission=group.admission,
-                                 model_name=name, log_prompts=log_prompts)
+                                 model_name=name, log_prompts=log_prompts, tenants=tenants)
             for name, group in built.groups.items() if not group.is_http
         })
+        if tenant_metrics is not None:
+            built.metrics.registry.register(tenant_metrics)
 
     factory = router if not isinstance(router, Router) else None
 
@@ -143,17 +151,23 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
     async def lifespan(_: FastAPI):
         if factory is not None:
             adopt(await factory())
+        if tenants is not None:
+            reload_on_sighup(tenants)
         yield
         if factory is not None:
             await router.close()
+        if tenants is not None:
+            tenants.close()
 
     app = FastAPI(title="ridgeline router", lifespan=lifespan)
+    if tenants is not None:
+        tenant_metrics = install_tenancy(app, tenants)
     if factory is None:
         adopt(router)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if api_key or tenants is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, tenants=tenants)
 
     def respond(result) -> Response:
         if isinstance(result, Response):
@@ -230,6 +244,8 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if tenant_metrics is not None:
+            await refresh_metrics(tenants, tenant_metrics)
         return Response(router.metrics.render(), media_type=router.metrics.content_type)
 
     @app.get("/router/replicas")

@@ -24,6 +24,8 @@ from ridgeline.server.deadline import Deadline, deadline_error, request_deadline
 from ridgeline.server.disaggregation import WorkerRole
 from ridgeline.server.errors import APIError, api_error, error_body
 from ridgeline.server.protocol import Usage
+from ridgeline.server.tenants import TenantAccount, reserve
+from ridgeline.tenancy.gate import TenantGate
 
 request_logger = logging.getLogger("ridgeline.server.requests")
 
@@ -36,6 +38,7 @@ class ServingContext:
     model_name: str
     log_prompts: bool = False
     role: WorkerRole = field(default_factory=WorkerRole)  # disaggregated prefill/decode, or both
+    tenants: TenantGate | None = None  # per-tenant limits and usage (--tenants); None: none
 
     @property
     def max_model_len(self) -> int:
@@ -123,6 +126,9 @@ class Job(Protocol):
 
     def log(self) -> None: ...
 
+    def usage(self) -> Usage:
+        """The tokens the choices used so far (what the response's `usage` says)."""
+
     def response(self) -> BaseModel:
         """The whole answer, from `last` (every choice finished)."""
 
@@ -143,22 +149,36 @@ def check_kv_hold(engine_requests: list, stream: bool) -> bool:
 
 
 async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingResponse | BaseModel | None:
-    """Submit the job, then stream its events, or wait for every choice and answer whole. None: the client left
-    before the whole answer was ready (the submission is then closed, which aborts what is still running). A
-    request past its deadline (x-ridgeline-deadline-ms) is aborted wherever it is and answered 504."""
+    """Check the tenant's limits (a 429 before anything runs), submit the job, then stream its events, or wait
+    for every choice and answer whole. None: the client left before the whole answer was ready (the submission is
+    then closed, which aborts what is still running). A request past its deadline (x-ridgeline-deadline-ms) is
+    aborted wherever it is and answered 504. The tenant is charged what the job used, once, however it ends."""
     deadline = request_deadline(raw.headers)
-    submission = ctx.engine.submit(job.engine_requests)
+    account = await reserve(ctx.tenants, raw, job.engine_requests)
+    try:
+        submission = ctx.engine.submit(job.engine_requests)
+    except BaseException:
+        _settle(account, None)  # refused by the engine (full queue, no replica): nothing ran
+        raise
     if getattr(job, "holds_kv", False) and ctx.role.kv_source is not None:
         # A prefill worker whose client (the front) left: pages that still finish are freed, not held a lease.
         source = ctx.role.kv_source
         submission.on_finished_after_leaving = lambda request_id: asyncio.ensure_future(
             asyncio.to_thread(source.drop, request_id))
+    finals = None
     try:
         if job.request.stream:
             if any(isinstance(r, ReceiveKV) for r in job.engine_requests):
                 # a pull that fails is a status (503 kv_pages_gone: a front prefills again), not an error event
-                await while_client_waits(raw, submission.ready(), deadline)
-            return StreamingResponse(_stream(job, submission, deadline), media_type="text/event-stream")
+                try:
+                    await while_client_waits(raw, submission.ready(), deadline)
+                except BaseException:
+                    account, unsettled = None, account  # the stream never started: nothing is charged
+                    _settle(unsettled, None)
+                    raise
+            stream = _stream(job, submission, deadline, account)
+            account = None  # the stream settles it, however it ends
+            return StreamingResponse(stream, media_type="text/event-stream")
         finals = await collect(raw, submission, deadline)
     except ClientLeft:
         submission.close("client_left")
@@ -171,13 +191,23 @@ async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingRespon
     except BaseException:
         submission.close()
         raise
+    finally:
+        if account is not None:
+            if finals is not None:
+                job.last = [finals[i] for i in range(len(job.engine_requests))]
+            _settle(account, job)
     submission.close()
-    job.last = [finals[i] for i in range(len(job.engine_requests))]
     job.log()
     return job.response()
 
 
-async def _stream(job: Job, submission: Submission, deadline: Deadline | None) -> AsyncIterator[str]:
+def _settle(account: TenantAccount | None, job: Job | None) -> None:
+    if account is not None:
+        account.settle(job.usage() if job is not None else None)
+
+
+async def _stream(job: Job, submission: Submission, deadline: Deadline | None,
+                  account: TenantAccount | None = None) -> AsyncIterator[str]:
     complete = False  # False in `finally`: the stream was cancelled because its client left
     try:
         events = aiter(job.events(submission))
@@ -201,6 +231,7 @@ async def _stream(job: Job, submission: Submission, deadline: Deadline | None) -
         yield sse_error(error)
     finally:
         submission.close(None if complete else "client_left")
+        _settle(account, job)
         job.log()
     yield SSE_DONE
 
