@@ -17,8 +17,8 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter, GGMLQuantizationType as T, RopeSc
 from ridgeline.errors import RidgelineError
 from ridgeline.model.synth.blocks import random_rows
 from ridgeline.model.synth.plan import PlannedTensor, WeightsChoice, check_shape, tensor_plan, weights_choice
-from ridgeline.model.synth.tokenizer import tokenizer_fields
-from ridgeline.napkin.model_specs import ModelSpec, model_spec
+from ridgeline.model.synth.tokenizer import MIN_VOCAB, tokenizer_fields
+from ridgeline.napkin.model_specs import MODEL_SPECS, ModelSpec, model_spec
 
 CHUNK_BYTES = 32 << 20  # rows written per step: what the writer holds in memory at once
 
@@ -32,13 +32,21 @@ class SynthOptions:
     vocab: int | None = None  # cut (or pad) the vocabulary (None: the shape's)
 
     def resolved(self) -> tuple[ModelSpec, WeightsChoice, int, int]:
+        if self.shape.lower() not in MODEL_SPECS:
+            raise RidgelineError(f"unknown shape {self.shape!r} (catalogued: {', '.join(MODEL_SPECS)})")
         spec = model_spec(self.shape)
         check_shape(spec)
         choice = weights_choice(self.weights)
+        if choice.experts is not None and not spec.num_experts:
+            raise RidgelineError(f"{choice.name} quantises MoE experts, and {spec.name} has none")
         layers = spec.num_layers if self.layers is None else self.layers
         if not 1 <= layers <= spec.num_layers:
             raise RidgelineError(f"--layers must be between 1 and {spec.num_layers} for {spec.name}, not {layers}")
-        return spec, choice, layers, spec.vocab_size if self.vocab is None else self.vocab
+        vocab = spec.vocab_size if self.vocab is None else self.vocab
+        if vocab < MIN_VOCAB:
+            raise RidgelineError(f"a vocabulary of {vocab} tokens is too small for the borrowed tokenizer "
+                                 f"(at least {MIN_VOCAB})")
+        return spec, choice, layers, vocab
 
     @property
     def file_name(self) -> str:
@@ -149,3 +157,10 @@ def synth_file(directory: str | Path, options: SynthOptions,
         write_synth(partial, options, progress)
         partial.rename(target)
     return target
+
+
+def cache_dir() -> Path:
+    """Where `bench latency --shape` keeps the files it synthesises: beside the compiled kernels' cache."""
+    from ridgeline.model.native import CACHE_DIR
+
+    return CACHE_DIR / "synth"
