@@ -159,3 +159,30 @@ def test_the_command_writes_the_file_it_names(tmp_path):
     assert str(out) in result.stdout
     reader = gguf.GGUFReader(out)
     assert {t.tensor_type for t in reader.tensors if t.name == "blk.0.attn_q.weight"} == {T.Q4_0}
+
+
+def test_bench_latency_measures_a_shape_from_a_file_it_writes_once(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ridgeline.cli import register_commands
+    from ridgeline.cli.app import app
+    from ridgeline.model.synth import writer
+
+    monkeypatch.setattr(writer, "cache_dir", lambda: tmp_path)
+    register_commands(["bench", "latency"])
+    args = ["bench", "latency", "--shape", "qwen2.5-1.5b", "--weights", "q4_k_m", "--layers", "1", "-p", "8", "-n", "2",
+            "-r", "1", "--threads", "2", "--json"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    (written,) = tmp_path.glob("*.gguf")
+    assert written.name == "synth-qwen2.5-1.5b-l1-seed0.Q4_K_M.gguf"
+    (result,) = json.loads(first.stdout[first.stdout.index("["):])
+    assert result["weights"] == "quantized" and result["tg_tok_s"]["mean"] > 0 and result["pp_tok_s"]["mean"] > 0
+    modified = written.stat().st_mtime_ns
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert written.stat().st_mtime_ns == modified  # the same shape, type and seed: the file is reused
+    clash = CliRunner().invoke(app, ["bench", "latency", "--shape", "qwen2.5-1.5b", "--model", "smollm2"])
+    assert clash.exit_code != 0 and "two models" in str(clash.exception)
