@@ -12,12 +12,12 @@ from ridgeline.cli.app import app
 @app.command("synth", help="Write a random-weight GGUF of a catalogued model shape (llama-3.1-8b, qwen2.5-1.5b, "
              "qwen3-30b-a3b, gpt-oss-20b, ...), quantised as asked, with a real tokenizer: for measuring, not for text.")
 def synth_command(
-    shape: str = typer.Option(..., "--shape", help="A catalogued model shape (`ridgeline roofline --help` lists them)."),
+    shape: str = typer.Option(..., "--shape", help="A catalogued model shape: llama-3.2-1b, llama-3.1-8b, qwen2.5-1.5b, qwen3-8b, qwen3-30b-a3b, gpt-oss-20b, ... (an unknown name lists them all)."),
     weights: str = typer.Option("q4_k_m", "--weights", help="f16, q8_0, q4_0, q4_k, q4_k_m, q6_k, or mxfp4 (MoE experts)."),
     output: Path = typer.Option(None, "--output", "-o", help="The file to write (default: a name naming every option, here)."),
     layers: int = typer.Option(None, "--layers", min=1, help="Keep only the first N layers (a quicker, smaller file)."),
     seed: int = typer.Option(0, "--seed", min=0, help="The same seed and options write the same bytes."),
-    vocab: int = typer.Option(None, "--vocab", min=1, help="Cut the vocabulary to N tokens (default: the shape's)."),
+    vocab: int = typer.Option(None, "--vocab", min=1, help="Cut or pad the vocabulary to N tokens (default: the shape's)."),
 ) -> None:
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
