@@ -186,3 +186,38 @@ def test_bench_latency_measures_a_shape_from_a_file_it_writes_once(tmp_path, mon
     assert written.stat().st_mtime_ns == modified  # the same shape, type and seed: the file is reused
     clash = CliRunner().invoke(app, ["bench", "latency", "--shape", "qwen2.5-1.5b", "--model", "smollm2"])
     assert clash.exit_code != 0 and "two models" in str(clash.exception)
+
+
+def test_writing_holds_a_chunk_not_the_model(tmp_path):
+    """Six layers of Llama-3.2-1B in Q8_0 (0.66 GB, a 0.28 GB embedding) written by a fresh process whose peak RSS
+    grows by a few chunks (writer.CHUNK_BYTES = 32 MB), not by the file's size."""
+    script = f"""
+import resource
+from ridgeline.model.synth.writer import SynthOptions, write_synth
+from ridgeline.model.synth.tokenizer import tokenizer_fields
+from ridgeline.model.synth.blocks import unit_std
+from gguf import GGMLQuantizationType as T
+tokenizer_fields(128256), unit_std(T.Q8_0)  # imports, the borrowed tokenizer and the scale probe: not the model
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+write_synth({str(tmp_path / "m.gguf")!r}, SynthOptions("llama-3.2-1b", "q8_0", layers=6))
+print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    before, after = (int(v) * 1024 for v in done.stdout.split())
+    size = (tmp_path / "m.gguf").stat().st_size
+    assert size > 600e6
+    assert after - before < 200e6, f"peak RSS grew {(after - before) / 1e6:.0f} MB writing {size / 1e6:.0f} MB"
+
+
+def test_a_file_cut_to_fewer_layers_holds_the_whole_files_first_layers(tmp_path):
+    spec = model_spec("llama-3.1-8b")  # 32 layers: layer 5 is not a "more bits" layer of the whole, layer 6 is
+    whole = {t.name: t for t in tensor_plan(spec, weights_choice("q4_k_m"), spec.num_layers, VOCAB)}
+    cut = {t.name: t for t in tensor_plan(spec, weights_choice("q4_k_m"), 7, VOCAB)}
+    assert all(whole[name] == planned for name, planned in cut.items())
+    assert cut["blk.5.ffn_down.weight"].qtype == T.Q4_K and cut["blk.6.ffn_down.weight"].qtype == T.Q6_K
+
+    def layer_0(layers: int) -> dict[str, bytes]:
+        path = write_synth(tmp_path / f"{layers}.gguf", SynthOptions("qwen2.5-1.5b", "q4_k_m", layers=layers, vocab=VOCAB))
+        return {t.name: t.data.tobytes() for t in gguf.GGUFReader(path).tensors if t.name.startswith("blk.0.")}
+
+    assert layer_0(1) == layer_0(2)

@@ -99,7 +99,10 @@ def tensor_plan(spec: ModelSpec, choice: WeightsChoice, layers: int, vocab: int)
     matrix("token_embd.weight", (vocab, hidden), embedding_type, head_std)
     for i in range(layers):
         p = f"blk.{i}"
-        more = choice.more_bits if choice.more_bits is not None and uses_more_bits(i, layers) else choice.base
+        # by the whole shape's layer count: a file cut to N layers holds the first N layers of the whole one
+        more = choice.base
+        if choice.more_bits is not None and uses_more_bits(i, spec.num_layers):
+            more = choice.more_bits
         norm(f"{p}.attn_norm.weight", hidden)
         matrix(f"{p}.attn_q.weight", (q, hidden), choice.base)
         matrix(f"{p}.attn_k.weight", (kv, hidden), choice.base)
