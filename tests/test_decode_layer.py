@@ -1,7 +1,8 @@
 """The compiled decoder layer (csrc/decode_layer.cpp, model/layers/decode_layer.py): a step through it gives the
 bits the module-by-module path gives, logits and KV cache alike, on tiny quantised models of each dense
-architecture and on the default model; a row's bits through it do not depend on its batch; and every case it
-does not cover still runs on the modules."""
+architecture, on two full-width layers of a synthetic Qwen2.5-1.5B (`ridgeline synth`, Q4_K_M) and on the default
+model; a row's bits through it do not depend on its batch; and every case it does not cover still runs on the
+modules."""
 
 import functools
 
@@ -20,12 +21,16 @@ from ridgeline.model.quant import quantized_linear
 from ridgeline.model.quant.quantize_file import quantize_gguf
 from ridgeline.model.quant.quantized_linear import PREFILL_CHUNK_ROWS
 from ridgeline.model.row_paths import RowPaths
+from ridgeline.model.synth.writer import SynthOptions, write_synth
 from ridgeline.model.transformer import ModelOptions, Transformer
 
 PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 300, 11, 64, 128, 1, 2, 77, 380, 19, 23, 200, 8]
 # Each architecture in a block-32 format (K-quants need rows of 256, wider than these models): llama without
 # biases or QK-norm, qwen2 with q/k/v biases, gemma3 with sandwich norms, QK-norm, GELU and sliding windows.
 FORMATS = {"llama": "q4_0", "qwen2": "q8_0", "gemma3": "q5_0", "qwen3": "q4_1"}
+# And a real shape at full width, cut to two layers and a small vocabulary: `ridgeline synth`'s Qwen2.5-1.5B in
+# Q4_K_M (Q4_K and Q6_K super-blocks, 1536 x 8960 matrices, 12 query heads of 128 over 2 KV heads).
+SYNTH = {"synth-qwen2.5-1.5b": SynthOptions("qwen2.5-1.5b", "q4_k_m", layers=2, vocab=1024)}
 
 
 def heads_of_32(hf_config, arch: str):
@@ -36,10 +41,12 @@ def heads_of_32(hf_config, arch: str):
     return config
 
 
-@pytest.fixture(scope="module", params=sorted(FORMATS))
+@pytest.fixture(scope="module", params=sorted(FORMATS) + sorted(SYNTH))
 def tiny_quantized(request, tmp_path_factory):
     arch = request.param
     directory = tmp_path_factory.mktemp(arch)
+    if arch in SYNTH:
+        return write_synth(directory / "model.gguf", SYNTH[arch])
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tiny_models, "hf_config", functools.partial(heads_of_32, tiny_models.hf_config))
         write_gguf(build_hf_model(arch, directory), arch, directory / "f32.gguf")

@@ -184,3 +184,40 @@ def test_gemv_groups_of_16_at_their_extremes(qtype, fill):
         y = kernels.gemv(pack(stored), x)
         exact = int8_activations(x) @ weight.T
         torch.testing.assert_close(y.double(), exact, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
+
+
+# --- an 8B layer's matrices at full size, from a `ridgeline synth` file ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_8b_layer(tmp_path_factory):
+    """Layer 0 of a synthetic Llama-3.1-8B in Q4_K_M (one of llama.cpp's 'more bits' layers): ffn_gate is 14336 x
+    4096 in Q4_K, ffn_down 4096 x 14336 in Q6_K, as a downloaded Q4_K_M file holds them."""
+    from ridgeline.model.checkpoint import read_checkpoint
+    from ridgeline.model.synth.writer import SynthOptions, write_synth
+
+    options = SynthOptions("llama-3.1-8b", "q4_k_m", layers=1, vocab=512)
+    return read_checkpoint(str(write_synth(tmp_path_factory.mktemp("synth") / "8b.gguf", options))).tensors
+
+
+@needs_compiled
+@pytest.mark.parametrize("activation_rows", [1, 3])
+@pytest.mark.parametrize(("name", "qtype", "shape"), [("blk.0.ffn_gate.weight", T.Q4_K, (14336, 4096)),
+                                                      ("blk.0.ffn_down.weight", T.Q6_K, (4096, 14336))])
+def test_an_8b_matrix_through_the_quantised_linear_is_ggufs_dequantised_matmul(llama_8b_layer, name, qtype, shape,
+                                                                             activation_rows):
+    from gguf.quants import dequantize
+
+    from ridgeline.model.quant.quantized_linear import QuantizedLinear
+
+    stored = llama_8b_layer[name]
+    assert (stored.qtype, tuple(stored.shape)) == (qtype, shape)
+    layer = QuantizedLinear.from_stored(stored)
+    assert layer.compiled
+    weight = torch.from_numpy(dequantize(stored.data.numpy(), qtype)).double()  # gguf's own dequantiser
+    x = torch.randn(activation_rows, shape[1], generator=torch.Generator().manual_seed(5))
+    y = layer.memory_bound(x)  # a decode step's path: the int8 gemv
+    exact = int8_activations(x) @ weight.T
+    torch.testing.assert_close(y.double(), exact, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
+    unquantised = x.double() @ weight.T
+    assert ((y.double() - unquantised).norm() / unquantised.norm()).item() < 0.02

@@ -7,6 +7,29 @@ from rich.console import Console
 from rich.table import Table
 
 from ridgeline.cli.app import bench_app
+from ridgeline.errors import RidgelineError
+
+
+def _synthesised(shape: str, model: str | None, weights: tuple[str, ...], layers: int | None,
+                 console: Console) -> tuple[str, tuple[str, ...]]:
+    """The synthetic file for --shape (written into the cache on first use) and the weight modes to run it in:
+    a --weights value naming a file type picks the file; the others are modes (default: quantized)."""
+    from ridgeline.model.synth.plan import WEIGHTS
+    from ridgeline.model.synth.writer import SynthOptions, cache_dir, synth_file
+
+    if model is not None:
+        raise RidgelineError("--shape and --model name two models: give one")
+    types = [w for w in weights if w.lower() in WEIGHTS]
+    if len(types) > 1:
+        raise RidgelineError(f"--shape takes one file type, not {', '.join(types)}")
+    options = SynthOptions(shape, types[0] if types else "q4_k_m", layers)
+    directory = cache_dir()
+    if not (directory / options.file_name).exists():
+        console.print(f"writing {options.file_name} into {directory} (random weights, once)", highlight=False)
+    with console.status(f"writing {options.file_name}", spinner="dots") as status:
+        path = synth_file(directory, options, lambda done, total: status.update(
+            f"writing {options.file_name}: {done / 1e9:.2f} of {total / 1e9:.2f} GB"))
+    return str(path), tuple(w for w in weights if w.lower() not in WEIGHTS) or ("quantized",)
 
 
 @bench_app.command("latency", help="Prompt processing (pp) and generation (tg) tok/s, bytes per decode token and % of the bandwidth ceiling.")
@@ -16,15 +39,22 @@ def latency_command(
     gen_tokens: int = typer.Option(128, "-n", "--gen-tokens", min=0, help="Tokens generated in the tg test (0 skips it)."),
     threads: int = typer.Option(None, "--threads", min=1, help="torch threads (default: torch's)."),
     repetitions: int = typer.Option(3, "--repetitions", "-r", min=1, help="Runs of each test (mean ± sd)."),
-    weights: list[str] = typer.Option(None, "--weights", help="quantized (kept quantised in memory), bf16 or f32 (dequantised at load); repeat to run several (default: all three)."),
+    weights: list[str] = typer.Option(None, "--weights", help="quantized (kept quantised in memory), bf16 or f32 (dequantised at load); repeat to run several (default: all three). With --shape, also the synthetic file's type (q4_k_m, q8_0, q4_0, ...; default q4_k_m), run quantized."),
+    shape: str = typer.Option(None, "--shape", help="Measure a catalogued model shape (llama-3.1-8b, qwen2.5-1.5b, ...) without downloading it: a random-weight GGUF, written on first use into ~/.cache/ridgeline/synth (see `ridgeline synth`)."),
+    layers: int = typer.Option(None, "--layers", min=1, help="With --shape: only the first N layers."),
     lm_head: str = typer.Option("keep", "--lm-head", help="keep the LM head as stored, or requantise it to q8 (Q8_0) or q4 (Q4_0): fewer bytes per token, some accuracy (measure it with `ridgeline perplexity --lm-head`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     # Imported here, not at the top: every command module is imported for `ridgeline --help`, which needs no torch.
     from ridgeline.bench.bench_latency import WEIGHT_MODES, LatencyConfig, run_latency
 
-    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, tuple(weights or WEIGHT_MODES), lm_head)
     console = Console(stderr=True)
+    modes = tuple(weights or ())
+    if shape is not None:
+        model, modes = _synthesised(shape, model, modes, layers, console)
+    elif layers is not None:
+        raise RidgelineError("--layers applies to --shape only")
+    config = LatencyConfig(model, prompt_tokens, gen_tokens, threads, repetitions, modes or WEIGHT_MODES, lm_head)
     with console.status("starting", spinner="dots") as status:
         results = run_latency(config, progress=lambda text: status.update(text))
     if as_json:

@@ -73,6 +73,15 @@ class ModelSpec:
     experts_per_token: int = 0
     sliding_window: int | None = None
     num_sliding_layers: int = 0
+    # What a file of this shape declares beyond its matrices (for `ridgeline synth`; the napkin ignores them):
+    # llama.cpp's architecture name, RoPE base, norm epsilon, q/k/v biases (Qwen2, gpt-oss), per-head q/k norms
+    # (Qwen3), and YaRN's factor and original context (gpt-oss).
+    architecture: str = "llama"
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-5
+    attention_bias: bool = False
+    qk_norm: bool = False
+    yarn: tuple[float, int] | None = None
 
     def attention_params_per_layer(self) -> int:
         q_and_o = 2 * self.hidden_size * self.num_heads * self.head_dim
@@ -135,39 +144,86 @@ MODEL_SPECS = {
         ModelSpec(
             "llama-3.1-8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
             num_heads=32, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=8.03e9,
+            rope_theta=500_000.0,
             source="meta-llama/Llama-3.1-8B config.json; 8.03B parameters (model card)",
+        ),
+        ModelSpec(
+            "llama-3.2-1b", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+            num_heads=32, num_kv_heads=8, head_dim=64, max_context=131072, reported_params=1.24e9,
+            tied_embeddings=True, rope_theta=500_000.0,
+            source="meta-llama/Llama-3.2-1B config.json; 1.24B parameters (model card)",
+        ),
+        ModelSpec(
+            "llama-3.2-3b", vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_layers=28,
+            num_heads=24, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=3.21e9,
+            tied_embeddings=True, rope_theta=500_000.0,
+            source="meta-llama/Llama-3.2-3B config.json; 3.21B parameters (model card)",
         ),
         ModelSpec(
             "llama-3.3-70b", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_layers=80,
             num_heads=64, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=70.6e9,
+            rope_theta=500_000.0,
             source="meta-llama/Llama-3.3-70B-Instruct config.json; 70.6B parameters (model card)",
         ),
         ModelSpec(
             "gpt-oss-120b", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_layers=36,
             num_heads=64, num_kv_heads=8, head_dim=64, max_context=131072, reported_params=116.83e9,
             native_weights="MXFP4", num_experts=128, experts_per_token=4, sliding_window=128, num_sliding_layers=18,
+            architecture="gpt-oss", rope_theta=150_000.0, attention_bias=True, yarn=(32.0, 4096),
             source="openai/gpt-oss-120b config.json (alternating 128-token sliding and full attention); "
             "116.83B total / 5.13B active parameters (gpt-oss model card)",
         ),
         ModelSpec(
+            "gpt-oss-20b", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_layers=24,
+            num_heads=64, num_kv_heads=8, head_dim=64, max_context=131072, reported_params=20.91e9,
+            native_weights="MXFP4", num_experts=32, experts_per_token=4, sliding_window=128, num_sliding_layers=12,
+            architecture="gpt-oss", rope_theta=150_000.0, attention_bias=True, yarn=(32.0, 4096),
+            source="openai/gpt-oss-20b config.json (alternating 128-token sliding and full attention); "
+            "20.91B total / 3.61B active parameters (gpt-oss model card)",
+        ),
+        ModelSpec(
+            "qwen2.5-1.5b", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+            num_heads=12, num_kv_heads=2, head_dim=128, max_context=131072, reported_params=1.54e9,
+            tied_embeddings=True, architecture="qwen2", rope_theta=1_000_000.0, rms_norm_eps=1e-6, attention_bias=True,
+            source="Qwen/Qwen2.5-1.5B config.json; 1.54B parameters (model card)",
+        ),
+        ModelSpec(
             "qwen2.5-7b", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
             num_heads=28, num_kv_heads=4, head_dim=128, max_context=131072, reported_params=7.61e9,
+            architecture="qwen2", rope_theta=1_000_000.0, rms_norm_eps=1e-6, attention_bias=True,
             source="Qwen/Qwen2.5-7B config.json; 7.61B parameters (model card)",
         ),
         ModelSpec(
             "qwen2.5-14b", vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_layers=48,
             num_heads=40, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=14.7e9,
+            architecture="qwen2", rope_theta=1_000_000.0, rms_norm_eps=1e-6, attention_bias=True,
             source="Qwen/Qwen2.5-14B config.json; 14.7B parameters (model card)",
         ),
         ModelSpec(
             "qwen2.5-32b", vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_layers=64,
             num_heads=40, num_kv_heads=8, head_dim=128, max_context=131072, reported_params=32.5e9,
+            architecture="qwen2", rope_theta=1_000_000.0, rms_norm_eps=1e-6, attention_bias=True,
             source="Qwen/Qwen2.5-32B config.json; 32.5B parameters (model card)",
+        ),
+        ModelSpec(
+            "qwen3-8b", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+            num_heads=32, num_kv_heads=8, head_dim=128, max_context=40960, reported_params=8.19e9,
+            architecture="qwen3", rope_theta=1_000_000.0, rms_norm_eps=1e-6, qk_norm=True,
+            source="Qwen/Qwen3-8B config.json; 8.2B parameters (model card)",
+        ),
+        ModelSpec(
+            "qwen3-30b-a3b", vocab_size=151936, hidden_size=2048, intermediate_size=768, num_layers=48,
+            num_heads=32, num_kv_heads=4, head_dim=128, max_context=40960, reported_params=30.5e9,
+            num_experts=128, experts_per_token=8,
+            architecture="qwen3moe", rope_theta=1_000_000.0, rms_norm_eps=1e-6, qk_norm=True,
+            source="Qwen/Qwen3-30B-A3B config.json (moe_intermediate_size 768; every layer MoE); "
+            "30.5B total / 3.3B active parameters (model card)",
         ),
         ModelSpec(
             "gemma-3-270m", vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18,
             num_heads=4, num_kv_heads=1, head_dim=256, max_context=32768, reported_params=268e6,
             tied_embeddings=True, sliding_window=512, num_sliding_layers=15,
+            architecture="gemma3", rope_theta=1_000_000.0, rms_norm_eps=1e-6,
             source="google/gemma-3-270m config.json (5 of every 6 layers use a 512-token window); "
             "170M embedding + 100M transformer parameters (model card)",
         ),
