@@ -192,10 +192,9 @@ async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingRespon
         submission.close()
         raise
     finally:
-        if account is not None:
-            if finals is not None:
-                job.last = [finals[i] for i in range(len(job.engine_requests))]
-            _settle(account, job)
+        if finals is not None:
+            job.last = [finals[i] for i in range(len(job.engine_requests))]
+        _settle(account, job)  # None once a stream has taken it over
     submission.close()
     job.log()
     return job.response()
