@@ -41,7 +41,8 @@ def load(relative: str) -> tuple[dict, Path]:
 
 def provenance(data: dict, path: Path) -> tuple[str, str]:
     """(date, commit) of a result: its own fields where it records them, else its folder's provenance.json."""
-    date, commit = data.get("date"), data.get("ridgeline_commit") or data.get("versions", {}).get("ridgeline_commit")
+    date, commit = data.get("date"), (data.get("ridgeline_commit") or data.get("commit")
+                                     or data.get("versions", {}).get("ridgeline_commit"))
     if date is None and "started_at" in data:
         date = datetime.fromtimestamp(data["started_at"], timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sidecar = path.parent / "provenance.json"
@@ -99,7 +100,32 @@ def structured_vs_llamacpp() -> list[Row]:
                 f"{data['ridgeline_over_llama_server_constrained']:.2f}×", date, commit, path)]
 
 
-ROW_SOURCES = (decode_vs_llama_bench, serve_vs_vllm, token_budget, structured_vs_llamacpp)
+def models_at_size() -> list[Row]:
+    """`ridgeline synth` files of real model shapes (random weights: a step's speed does not depend on their
+    values) against llama-bench on the same file."""
+    rows = []
+    for name in ("qwen2.5-1.5b-q4_k_m", "qwen2.5-1.5b-q4_0", "llama-3.1-8b-q4_k_m", "llama-3.1-8b-q4_0"):
+        data, path = load(f"models_at_size/{name}.json")
+        date, commit = provenance(data, path)
+        (tg, tg_peer), (pp, pp_peer) = data["median"]["tg128"], data["median"]["pp512"]
+        rows.append(Row(f"{data['shape']} shape, {data['weights'].upper()}: tg128 · pp512, tok/s "
+                        f"(medians of {data['rounds']} interleaved rounds)", f"{tg:,.1f} · {pp:,.1f}",
+                        f"{tg_peer:,.1f} · {pp_peer:,.1f} (`{data['llama_cpp']['tool']}`)",
+                        f"{tg / tg_peer:.2f}× · {pp / pp_peer:.2f}×", date, commit, path))
+    return rows
+
+
+def startup_time() -> list[Row]:
+    data, path = load("startup_time/startup_time.json")
+    date, commit = provenance(data, path)
+    median = data["median_s"]
+    return [Row(f"`serve` start to first 200 on /health, s (medians of {data['rounds']} alternating rounds; cold: "
+                "empty cache, kernels compiled)", f"{median['ridgeline warm']:.2f} warm, {median['ridgeline cold']:.0f} cold",
+                f"{median['llama-server']:.2f} (`llama-server`)",
+                f"{median['ridgeline warm'] / median['llama-server']:.2f}× slower warm", date, commit, path)]
+
+
+ROW_SOURCES = (decode_vs_llama_bench, serve_vs_vllm, token_budget, structured_vs_llamacpp, models_at_size, startup_time)
 
 
 def table() -> str:
