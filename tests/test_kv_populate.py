@@ -29,6 +29,15 @@ def resident_share(tensor: torch.Tensor) -> float:
     return sum(byte & 1 for byte in vector.raw) / pages
 
 
+def release_pages(tensor: torch.Tensor) -> None:
+    """Hands the tensor's whole OS pages back to the kernel (they read as zeros again)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = -(-tensor.data_ptr() // OS_PAGE) * OS_PAGE
+    stop = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // OS_PAGE * OS_PAGE
+    assert libc.madvise(start, stop - start, mmap.MADV_DONTNEED) == 0, ctypes.get_errno()
+
+
 def kernel_can_populate() -> bool:
     probe = np.zeros(4 * mmap.PAGESIZE, dtype=np.uint8)
     return populate([torch.from_numpy(probe).view(1, -1, 1)])
@@ -46,8 +55,12 @@ def test_populate_makes_the_whole_pool_resident_and_changes_no_byte(model, dtype
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
     cache = KVCache(model, KVCacheConfig(16, dtype, 64 << 20), num_pages=8192, device=torch.device("cpu"))
     # Zero pages: nothing of a fresh mapping is resident yet (allocations past glibc's 32 MiB mmap threshold; a
-    # smaller one, Q8_0's scales, may reuse memory a test before freed).
+    # smaller one, Q8_0's scales, may reuse memory a test before freed). The kernel may still have faulted some in
+    # (CI once found a fresh Q8_0 pool resident: transparent huge pages collapsed by khugepaged), so the test hands
+    # them back first: MADV_DONTNEED on private anonymous memory leaves zeros, which is what the pool holds.
     fresh = [tensor for tensor in cache.tensors if tensor.numel() * tensor.element_size() > 32 << 20]
+    for tensor in fresh:
+        release_pages(tensor)
     assert fresh and all(resident_share(tensor) < 0.05 for tensor in fresh)
     first = cache.tensors[0]
     first[1, 5].fill_(3)  # KV the engine wrote before the thread reached its page

@@ -181,3 +181,28 @@ def test_startup_phases_leave_out_the_phases_inside_them(monkeypatch):
     assert startup_clock.spent() == {"load weights": 8.0, "kernels": 2.0}
     line = startup_clock.describe(12.0)
     assert line == "start-up 12.00 s: load weights 8.00 s, kernels 2.00 s, other (imports, server set-up) 2.00 s"
+
+
+def test_a_weight_mapped_from_a_file_is_named_by_its_place_without_reading_it(tmp_path, monkeypatch):
+    """Hashing the bytes read the whole model on every warm start and kept its pages resident beside the packed
+    copy (model/mapped_files.py); a mapped weight is named by its file's identity and offset instead."""
+    path = tmp_path / "model.gguf"
+    write_model(path)
+    monkeypatch.setattr(pack_cache, "MIN_CACHED_BYTES", 0)
+    weight = load_gguf(path)[1]["token_embd.weight"]
+    copy = StoredTensor(weight.qtype, weight.shape, weight.data.clone())  # the same bytes, held in memory
+    by_bytes = pack_cache.entry_path(copy)
+    with monkeypatch.context() as patch:
+        patch.setattr(pack_cache, "memoryview", lambda *args: pytest.fail("read the mapped bytes"), raising=False)
+        by_place = pack_cache.entry_path(weight)
+        assert by_place != by_bytes
+        packed = pack_cache.cached_pack(weight)
+        assert all(torch.equal(a, b) for a, b in zip(packed.planes, pack(copy).planes))
+        del weight
+        again = load_gguf(path)[1]["token_embd.weight"]  # a warm start: another map of the same file
+        assert pack_cache.entry_path(again) == by_place
+        patch.setattr(pack_cache, "pack", lambda w: pytest.fail("the warm start packed again"))
+        pack_cache.cached_pack(again)
+    del again
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))  # the file may have changed
+    assert pack_cache.entry_path(load_gguf(path)[1]["token_embd.weight"]) != by_place

@@ -9,6 +9,7 @@ new one replaces the old atomically.
 """
 
 import hashlib
+import mmap
 import os
 import pickle
 import tempfile
@@ -23,6 +24,7 @@ from gguf import GGUFReader
 from ridgeline.errors import ModelLoadError
 from ridgeline.model import native
 from ridgeline.model.gguf_check import check_gguf
+from ridgeline.model.mapped_files import register
 
 INDEX_LAYOUT = 1  # bump when GgufIndex or the values it holds change shape: old entries are then never read
 MIN_CACHED_FILE_BYTES = 32 * 1024 * 1024  # smaller files (tests' tiny models, in fresh temporary paths) parse fast
@@ -48,7 +50,10 @@ class GgufIndex:
 
     def tensor_data(self, path: Path) -> dict[str, np.ndarray]:
         """Each tensor's data as a read-only view of one memory map of the file (no bytes are read here)."""
-        file_map = np.memmap(path, mode="r")
+        with open(path, "rb") as file:
+            mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        file_map = np.frombuffer(mapping, dtype=np.uint8)  # every view below keeps `mapping` (its base) alive
+        register(mapping, file_map.ctypes.data, identity=self.identity)  # the pack cache names weights by place
         views = {}
         for entry in self.tensors:
             dtype = np.dtype(entry.dtype)

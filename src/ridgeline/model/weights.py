@@ -92,8 +92,8 @@ def block_geometry(qtype: GGMLQuantizationType) -> tuple[int, int]:
 class RowStack(StoredTensor):
     """Several stored matrices of one type stacked by output rows (a layer's q/k/v or gate/up), concatenated only
     when something reads `data`. Stored rows are whole quantisation blocks, so rows concatenate byte-wise. A warm
-    start finds the packed stack in the cache by hashing the parts in order (the same digest as their
-    concatenation) and never builds the copy: ~0.3 s of the default model's start."""
+    start finds the packed stack in the cache by naming the parts in order (their places in the model file, or the
+    digest of their concatenation) and never builds the copy: ~0.3 s of the default model's start."""
 
     def __init__(self, parts: list[StoredTensor]):  # (not the dataclass __init__: `data` is computed)
         if len({part.qtype for part in parts}) != 1 or len({tuple(part.shape[1:]) for part in parts}) != 1:

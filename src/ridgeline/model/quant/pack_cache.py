@@ -2,8 +2,9 @@
 model's start on 2 cores), and where the compiled kernels do not run, the float32 copies the layers compute with
 (gguf's dequantiser: ~10 s; ~1.1 GB on disk for the default model).
 
-An entry is named by what it was packed from: the stored bytes, type and shape, and the layout the packer
-writes. Any change to the weights (another file, a requantised LM head) or to the packer gives another name, so
+An entry is named by what it was packed from: type, shape, the layout the packer writes, and the stored bytes —
+by their place in the model file when they are mapped straight from one (the file's identity and offset, read for
+nothing: model/mapped_files.py), else by a hash of the bytes themselves. Any change to the weights (another file, a requantised LM head) or to the packer gives another name, so
 a stale entry is never read. Small weights (tests' tiny models) are packed afresh: they cost nothing and would
 only fill the folder. An unreadable entry is ignored and rewritten; entries are written atomically. Both kinds
 are mapped, not read, on a warm start: the pages come in when a step first reads them, as llama.cpp maps its
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from ridgeline.model import native
+from ridgeline.model.mapped_files import locate
 from ridgeline.model.quant.packing import QUANT_BITS, PackedWeight, pack
 from ridgeline.model.weights import StoredTensor
 
@@ -35,8 +37,16 @@ _PLANES = ("quants", "high", "d", "dmin", "sc", "m")
 
 def entry_path(weight: StoredTensor, kind: str = "packed") -> Path:
     digest = hashlib.sha256(f"{PACK_LAYOUT}|{weight.qtype.name}|{weight.shape}|".encode())
-    for part in weight.byte_parts():  # in order: the digest of their concatenation, without making it
-        digest.update(memoryview(part.contiguous().numpy()).cast("B"))
+    parts = weight.byte_parts()
+    places = [locate(part) for part in parts]
+    if all(places):
+        # Mapped straight from model files: named by the files' identities and the bytes' places, without reading
+        # them (mapped_files.py: hashing read the whole model and kept its pages resident beside the packed copy).
+        digest.update(b"places|" + "|".join(f"{p.identity}@{p.offset}+{p.nbytes}" for p in places).encode())
+    else:
+        digest.update(b"bytes|")
+        for part in parts:  # in order: the digest of their concatenation, without making it
+            digest.update(memoryview(part.contiguous().numpy()).cast("B"))
     return native.CACHE_DIR / kind / f"{digest.hexdigest()[:40]}.{'pack' if kind == 'packed' else 'npy'}"
 
 
