@@ -105,11 +105,13 @@ class _PagesGone(Exception):
     """The decode worker found the prefilled pages gone (503 kv_pages_gone): prefill again."""
 
 
-def _error_code(content: bytes) -> str | None:
+def _error_code(content: bytes, part: str = "code") -> str | None:
+    """A worker's OpenAI-style error body's `code` (or another part); None where the body is not one."""
     try:
-        return json.loads(content)["error"]["code"]
+        value = json.loads(content)["error"][part]
     except (ValueError, KeyError, TypeError):
         return None
+    return value if isinstance(value, str) else None
 
 
 class DisaggregatedFront:
@@ -297,7 +299,7 @@ class DisaggregatedFront:
                 await upstream.aclose()
                 code = _error_code(content)
                 if upstream.status_code == 503 and code == "kv_pages_gone":
-                    raise _PagesGone(json.loads(content)["error"]["message"])
+                    raise _PagesGone(_error_code(content, "message") or content.decode(errors="replace"))
                 failed_itself = (upstream.status_code == 503 and code in DECODE_GONE_CODES
                                  or upstream.status_code >= 500 and upstream.status_code != 503)
                 if failed_itself and attempt == 0:  # shutting down, dying (a 500 as it cancels): the next one
