@@ -99,3 +99,11 @@ def test_a_decode_worker_answers_a_malformed_hand_over_400_naming_the_field():
                                  KVTransferParams(do_remote_prefill=True, offer=OFFER).to_json())
     assert (receive.manifest, receive.source_address, receive.first_logprobs, receive.lease_seconds) == (
         MANIFEST, OFFER.remote_address, OFFER.first_logprobs, 30.0)
+
+
+def test_what_the_front_sends_is_what_the_workers_endpoints_validate():
+    """The release and the lookup request are validated by the workers' pydantic models (their OpenAPI schema)."""
+    from ridgeline.server.protocol import KVLookupRequest, KVReleaseRequest
+
+    assert KVReleaseRequest.model_validate(wire(KVRelease("cmpl-7-0"))).request_id == "cmpl-7-0"
+    assert KVLookupRequest.model_validate({"prompt": list(MANIFEST.prompt_token_ids)}).prompt == [1, 2, 3, 4, 5]

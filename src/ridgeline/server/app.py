@@ -22,7 +22,7 @@ from ridgeline.server.chat_tools import chat_prompt_ids
 from ridgeline.server.completions import create_completion
 from ridgeline.server.dashboard import install_dashboard
 from ridgeline.server.disaggregation import ROLES, WorkerRole
-from ridgeline.server.disaggregation_messages import KVLookupAnswer, KVRelease, TokenizeAnswer
+from ridgeline.server.disaggregation_messages import KVLookupAnswer, TokenizeAnswer
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.kv_intake import MAX_KV_WAITING
 from ridgeline.server.metrics import ServerMetrics
@@ -167,9 +167,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         """A front's word that nobody will collect a request's pages (its client left between prefill and decode)."""
         if role.kv_source is None:
             raise APIError(400, "this server is not a prefill worker", "request_id")
-        release = KVRelease(request.request_id)  # the body the front sent (server/disaggregation_messages.py)
-        await asyncio.to_thread(role.kv_source.drop, release.request_id)  # takes the engine: off the event loop
-        return JSONResponse({"released": release.request_id})
+        # (request: the front's KVRelease, server/disaggregation_messages.py, validated as its pydantic model)
+        await asyncio.to_thread(role.kv_source.drop, request.request_id)  # takes the engine: off the event loop
+        return JSONResponse({"released": request.request_id})
 
     @app.post("/v1/kv/lookup")
     async def lookup_kv(request: KVLookupRequest) -> Response:

@@ -53,6 +53,7 @@ from ridgeline.server.deadline import Deadline, deadline_error, forwarded, reque
 from ridgeline.server.disaggregation_messages import KVLookupAnswer, KVRelease, TokenizeAnswer
 from ridgeline.server.errors import APIError, error_response
 from ridgeline.server.kv_leases import LeaseKeeper
+from ridgeline.server.protocol import KVLookupRequest
 
 logger = logging.getLogger("ridgeline.server.front")
 # A worker that is not there (any more): refused, or a pooled connection to a process that died. Before a response
@@ -364,7 +365,8 @@ class DisaggregatedFront:
                 if tokenized.status_code != 200:
                     return "local"  # let the decode worker answer whatever is wrong with it
                 ids = list(TokenizeAnswer.from_json(tokenized.json()).tokens)
-            answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json={"prompt": ids})
+            ask_held = KVLookupRequest(prompt=ids).model_dump(exclude_unset=True)  # {"prompt": ids}
+            answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json=ask_held)
             if answer.status_code != 200:
                 return "local"  # let the decode worker answer whatever is wrong with it
             held = KVLookupAnswer.from_json(answer.json())

@@ -69,7 +69,9 @@ class TokenizeAnswer:
 class KVRelease:
     """A front to a prefill worker (POST /v1/kv/release): nobody will collect this request's pages (its client left,
     or no decode worker took it); free them now rather than when their lease lapses. `request_id` is the prefill
-    worker's own (the offer's manifest.request_id). The answer echoes it as {"released": request_id}."""
+    worker's own (the offer's manifest.request_id). The answer echoes it as {"released": request_id}. The worker's
+    endpoint validates it as server/protocol.py's KVReleaseRequest (so it appears in the OpenAPI schema);
+    tests/test_disaggregation_messages.py checks the two agree."""
 
     request_id: str
 
