@@ -83,7 +83,7 @@ def number(text: str) -> float:
 def test_dashboard_in_chromium(tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    hardware = machine_named(THIS_MACHINE)  # what `ridgeline roofline` and `bench latency` use on this machine
+    hardware = machine_named(THIS_MACHINE)  # the cached entry (as `ridgeline roofline` draws it), else the napkin estimate
     with serve_tiny_model(api_key=KEY, hardware=THIS_MACHINE) as server:
         url = server.url
         send_traffic(url, prompts=6, words=250, max_tokens=12)

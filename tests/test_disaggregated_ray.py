@@ -113,7 +113,7 @@ def test_a_prefill_worker_killed_after_its_prefill_and_before_the_pull_is_prefil
 
         async def hand_over_after_a_kill(decode_url, path, body, prefill_url, kv, raw):
             if not seen:
-                seen["lease"], seen["prefill"] = kv["lease_seconds"], prefill_url
+                seen["lease"], seen["prefill"] = kv.lease_seconds, prefill_url
                 await asyncio.to_thread(kill, pool.actors["prefill"][0], prefill_url)
             return await hand_over(decode_url, path, body, prefill_url, kv, raw)
 

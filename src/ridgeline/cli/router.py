@@ -35,6 +35,7 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
 
     async def build():
         built = await build_router(config, budget)
+        print(f"roofline priors: {built.hardware.title}", flush=True)
         for placement in built.placements:
             state = "loaded" if placement.loaded else "LEFT OUT"
             print(f"{placement.backend.model} [{placement.backend.kind}] {state}: {placement.reason}", flush=True)

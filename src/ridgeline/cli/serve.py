@@ -57,7 +57,7 @@ def serve_command(
     max_reprefills: int = MAX_REPREFILLS,
     router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
-    hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
+    hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (as `ridgeline measure` cached it, else a napkin estimate labelled NOT MEASURED; never measured here)."),
 ) -> None:
     if tenants is not None:
         from ridgeline.tenancy.config import load_tenants

@@ -11,6 +11,7 @@ from ridgeline.cluster.placement import Placement, place
 from ridgeline.cluster.rates import Rates, roofline_rates
 from ridgeline.cluster.router import ModelGroup, Router
 from ridgeline.errors import RidgelineError
+from ridgeline.napkin.hardware import Hardware
 
 logger = logging.getLogger("ridgeline.router")
 # Rates for an OpenAI server whose model the router cannot see and the config does not state.
@@ -21,6 +22,7 @@ FALLBACK_RATES = Rates(prefill_tokens_per_s=1000.0, decode_tokens_per_s=30.0, so
 class BuiltRouter:
     router: Router
     placements: list[Placement]
+    hardware: Hardware  # what the placements and roofline rate priors were drawn for (its title: their provenance)
 
 
 def engine_config_for(config: RouterConfig, backend: BackendConfig):
@@ -62,9 +64,11 @@ def _replicas(config: RouterConfig, backend: BackendConfig, first_index: int) ->
 
 async def build_router(config: RouterConfig, memory_budget: float | None = None, hardware=None) -> BuiltRouter:
     if hardware is None:
-        from ridgeline.machine.this_machine import machine_named as get_hardware
+        # Read, never measured at start-up: this machine's cached entry, else its napkin estimate titled NOT MEASURED
+        from ridgeline.machine.this_machine import roof_named
 
-        hardware = get_hardware(config.router.hardware)
+        hardware = roof_named(config.router.hardware)
+    logger.info("placement and rate priors drawn for %s", hardware.title)
     budget = memory_budget
     if budget is None and config.router.memory:
         from ridgeline.engine.options import parse_bytes
@@ -114,7 +118,7 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
         threshold = router.calibrate(sample, s.target_large_share)
         logger.info("auto: threshold %.4g sends %.0f%% of the calibration sample to the best model", threshold,
                     100 * s.target_large_share)
-    return BuiltRouter(router, placements)
+    return BuiltRouter(router, placements, hardware)
 
 
 def _load_tokenizer(path: str | None):

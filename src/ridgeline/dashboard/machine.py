@@ -1,22 +1,22 @@
 """The machine a roofline is drawn for: a catalogue entry by name, or this machine as `ridgeline measure` cached it
-for the engine's thread count (as `ridgeline roofline --hardware` and `bench latency` pick it)."""
+for the engine's thread count, else its napkin estimate titled NOT MEASURED. Nothing here measures: a dashboard view
+that measured on its first load cost ~7 s and read the machine beside a busy engine (machine/this_machine.py)."""
 
 from ridgeline.napkin.hardware import THIS_MACHINE, Hardware, catalogued
 
 
 def machine_named(name: str, threads: int | None = None) -> Hardware:
-    """The roof to draw: this machine's cached entry for `threads` (None: torch's), else measured now (the
-    dashboard's first view, once per thread count; `serve` only says so at start-up: see roof_note)."""
+    """The roof to draw: this machine's cached entry for `threads` (None: torch's), else its napkin estimate whose
+    title says it is not measured and how to measure it; or a catalogued machine."""
     if name == THIS_MACHINE:
-        from ridgeline.machine.this_machine import this_machine  # measures with torch; catalogued machines need none
+        from ridgeline.machine.this_machine import roof_named  # reads the cache (torch for the thread count)
 
-        return this_machine(threads=threads)
+        return roof_named(name, threads)
     return catalogued(name)
 
 
 def roof_note(name: str) -> str:
-    """What /dashboard will draw its roof from, read without measuring anything (a `serve` start never measures:
-    it would cost ~5 s a start, and beside the engine's start-up work it reads the machine far below its best)."""
+    """What /dashboard will draw its roof from, read without measuring anything."""
     if name != THIS_MACHINE:
         return f"roofline of {catalogued(name).title}"
     from ridgeline.machine.this_machine import cached, default_threads
@@ -25,5 +25,5 @@ def roof_note(name: str) -> str:
     if entry is not None:
         return f"roofline of {entry.hardware.title}"
     threads = default_threads(None)
-    return (f"this machine is not measured with {threads} threads: the first /dashboard view measures it (~7 s, "
-            f"then cached); `ridgeline measure --threads {threads}` measures it now")
+    return (f"this machine is NOT MEASURED with {threads} threads: /dashboard draws a napkin estimate, labelled so; "
+            f"`ridgeline measure --threads {threads}` measures it")

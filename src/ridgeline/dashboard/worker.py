@@ -31,7 +31,8 @@ class LocalWorker:
         self._lock = threading.Lock()
 
     def roofline(self) -> Roofline:
-        """This model on this worker's machine; the first call may measure this machine (seconds, then cached)."""
+        """This model on this worker's machine: a catalogued one, or this one as cached, else its napkin estimate
+        titled NOT MEASURED (dashboard/machine.py; nothing is measured here)."""
         with self._lock:
             if self._roofline is None:
                 recorder = self.engine.steps

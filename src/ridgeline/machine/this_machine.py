@@ -3,7 +3,9 @@
 One cache file holds an entry per (host, CPU, thread count), so measuring with 1 thread never evicts the entry for 2.
 An entry keeps its provenance (when, how many threads, how many rounds, each figure's spread across the rounds),
 and every figure drawn from it says so (Hardware.title). Reading the cache never measures (`cached`); measuring is
-asked for (`measure_and_cache`, or `this_machine` by the commands that are themselves measurements).
+asked for (`measure_and_cache`, or `this_machine` by the commands that are themselves measurements). A process that
+only draws a roof (the dashboard, the router's priors) reads `roof_named`: the cached entry, else a napkin estimate
+titled NOT MEASURED (`unmeasured`), never a measurement at its start.
 
 A shared VM's figures move by the second, and a process measuring beside a busy one reads far less than the machine
 does (three `serve` starts that measured beside the engine's KV page fault-in read int8 peaks of 673, 53.8 and
@@ -220,6 +222,59 @@ def machine_named(name: str, threads: int | None = None) -> Hardware:
     from ridgeline.napkin.hardware import catalogued
 
     return this_machine(threads=threads) if name == THIS_MACHINE else catalogued(name)
+
+
+def roof_named(name: str, threads: int | None = None) -> Hardware:
+    """The roof a long-running process draws (the dashboard, the router's rate priors): a catalogued machine, or
+    this one as `ridgeline measure` cached it for `threads`, else its napkin estimate, titled NOT MEASURED. Never
+    measures: a start-up measurement costs seconds and, beside the process's own start-up work, reads the machine
+    far below its best (three such starts read int8 peaks of 673, 53.8 and 67.3 GOPS)."""
+    from ridgeline.napkin.hardware import catalogued
+
+    if name != THIS_MACHINE:
+        return catalogued(name)
+    entry = cached(threads)
+    return entry.hardware if entry is not None else unmeasured(threads)
+
+
+# The napkin's figures for a CPU nobody measured, per core (thread) unless said otherwise. Rough on purpose, and
+# labelled so wherever they are drawn: a roof to read shapes against, not a ceiling to compare figures with.
+NAPKIN_HZ = 3.0e9  # a typical all-core clock
+NAPKIN_FMA_PER_CYCLE = 2  # two FMA pipes
+NAPKIN_BANDWIDTH_PER_CORE = 10e9  # bytes/s one core's loads can keep in flight from DRAM
+NAPKIN_BANDWIDTH_CAP = 60e9  # dual-channel DDR5's order of magnitude: more cores do not add more past it
+
+
+def unmeasured(threads: int | None = None) -> Hardware:
+    """This machine's napkin roof for `threads` where no measurement is cached: from the CPU's vector width (its
+    flags), a typical clock and DRAM's usual order, every figure's source and the title saying it is not measured
+    and how to measure it."""
+    from ridgeline.machine.cpu import cpu_flags
+
+    threads = default_threads(threads)
+    flags = cpu_flags()
+    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4  # fp32 lanes of one vector register
+    fp32 = threads * NAPKIN_HZ * NAPKIN_FMA_PER_CYCLE * lanes * 2
+    flops = {"fp32": fp32, "bf16": 2 * fp32 if "avx512_bf16" in flags else fp32}
+    if "avx2" in flags and "fma" in flags:  # the compiled int8 kernels run here (model/native.py)
+        flops["int8"] = (4 if "avx512_vnni" in flags else 2) * fp32  # int8 dot products per fp32 FMA lane
+    measure_it = f"`ridgeline measure --threads {threads}` measures it"
+    napkin = f"NOT MEASURED, napkin estimate for {threads} thread{'s' * (threads != 1)}"
+    return Hardware(
+        name=THIS_MACHINE,
+        title=f"this machine ({cpu_model()}; {napkin}; {measure_it})",
+        bandwidth=min(NAPKIN_BANDWIDTH_CAP, threads * NAPKIN_BANDWIDTH_PER_CORE),
+        memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        dense_flops=flops,
+        default_precision=max(("bf16", "fp32"), key=flops.get),
+        sources={
+            "bandwidth": f"{napkin}: {NAPKIN_BANDWIDTH_PER_CORE / 1e9:g} GB/s a core, at most "
+                         f"{NAPKIN_BANDWIDTH_CAP / 1e9:g} GB/s; {measure_it}",
+            "memory": "os.sysconf: physical memory",
+            "flops": f"{napkin}: {NAPKIN_HZ / 1e9:g} GHz x {NAPKIN_FMA_PER_CYCLE} FMA x {lanes} fp32 lanes x 2 a core "
+                     f"(bf16 twice that with avx512_bf16; int8 x4 with VNNI, x2 with AVX2); {measure_it}",
+        },
+    )
 
 
 def _title(provenance: Provenance) -> str:

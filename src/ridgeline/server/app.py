@@ -22,6 +22,7 @@ from ridgeline.server.chat_tools import chat_prompt_ids
 from ridgeline.server.completions import create_completion
 from ridgeline.server.dashboard import install_dashboard
 from ridgeline.server.disaggregation import ROLES, WorkerRole
+from ridgeline.server.disaggregation_messages import KVLookupAnswer, TokenizeAnswer
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.kv_intake import MAX_KV_WAITING
 from ridgeline.server.metrics import ServerMetrics
@@ -166,6 +167,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         """A front's word that nobody will collect a request's pages (its client left between prefill and decode)."""
         if role.kv_source is None:
             raise APIError(400, "this server is not a prefill worker", "request_id")
+        # (request: the front's KVRelease, server/disaggregation_messages.py, validated as its pydantic model)
         await asyncio.to_thread(role.kv_source.drop, request.request_id)  # takes the engine: off the event loop
         return JSONResponse({"released": request.request_id})
 
@@ -179,11 +181,12 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         else:
             tokens = ctx.prompt_ids(request.prompt, "prompt", special=ctx.text_special(request.split_special_tokens))
         intake = driver.kv_intake
-        return JSONResponse({"prompt_tokens": len(tokens), "cached_tokens": engine.cached_prefix_tokens(tokens),
-                             # whether a decode worker takes one more remote prefill now (a front refuses if not)
-                             "accepting": driver.accepting and driver.healthy and intake.accepting,
-                             "kv_waiting": intake.num_waiting, "max_kv_waiting": intake.max_waiting,
-                             "max_model_len": ctx.max_model_len})
+        return JSONResponse(KVLookupAnswer(len(tokens), engine.cached_prefix_tokens(tokens),
+                                           # whether a decode worker takes one more remote prefill now (a front
+                                           # refuses if not)
+                                           accepting=driver.accepting and driver.healthy and intake.accepting,
+                                           kv_waiting=intake.num_waiting, max_kv_waiting=intake.max_waiting,
+                                           max_model_len=ctx.max_model_len).to_json())
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> Response:
@@ -193,7 +196,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         else:
             tokens = ctx.tokenizer.encode(request.prompt, add_bos=None if request.add_special_tokens else False,
                                           special=ctx.text_special(request.split_special_tokens))
-        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len})
+        return JSONResponse(TokenizeAnswer(tuple(tokens), ctx.max_model_len).to_json())
 
     @app.get("/tokenizer_info")
     async def get_tokenizer_info() -> Response:

@@ -8,7 +8,7 @@ from fastapi import Request
 
 from ridgeline.engine.structured import StructuredOutputsParams
 from ridgeline.server.chat_tools import chat_constraint, chat_prompt_ids, chat_tools
-from ridgeline.server.disaggregation import engine_requests, offer_prefilled
+from ridgeline.server.disaggregation import engine_requests, offered_params
 from ridgeline.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -84,7 +84,7 @@ class ChatJob:
             )
             for i, (output, message) in enumerate(zip(self.last, messages))
         ]
-        offer = offer_prefilled(self.ctx.role, self.last[0]) if self.holds_kv else None
+        offer = offered_params(self.ctx.role, self.last[0]) if self.holds_kv else None
         return ChatCompletionResponse(id=self.id, model=self.ctx.model_name, choices=choices, usage=self.usage(),
                                       kv_transfer_params=offer)
 

@@ -15,7 +15,7 @@ from ridgeline.server.protocol import (
     CompletionResponse,
     Usage,
 )
-from ridgeline.server.disaggregation import engine_requests, offer_prefilled
+from ridgeline.server.disaggregation import engine_requests, offered_params
 from ridgeline.server.sampling import admit, sampling_params
 from ridgeline.server.tenants import apply_priority
 from ridgeline.server.structured import compile_ahead, requested_constraint
@@ -120,7 +120,7 @@ class CompletionJob:
             model=self.ctx.model_name,
             choices=[self.choice(i, output) for i, output in enumerate(self.last)],
             usage=self.usage(),
-            kv_transfer_params=offer_prefilled(self.ctx.role, self.last[0]) if self.holds_kv else None,
+            kv_transfer_params=offered_params(self.ctx.role, self.last[0]) if self.holds_kv else None,
         )
 
     async def events(self, submission) -> AsyncIterator[str]:

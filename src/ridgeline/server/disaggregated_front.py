@@ -46,11 +46,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from ridgeline.cluster import handoff
+from ridgeline.cluster.kv_transfer.messages import KVOffer, KVTransferParams, MalformedMessage
 from ridgeline.cluster.kv_transfer.zmq_transport import ZmqTransport
 from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_client_waits
 from ridgeline.server.deadline import Deadline, deadline_error, forwarded, request_deadline
+from ridgeline.server.disaggregation_messages import KVLookupAnswer, KVRelease, TokenizeAnswer
 from ridgeline.server.errors import APIError, error_response
 from ridgeline.server.kv_leases import LeaseKeeper
+from ridgeline.server.protocol import KVLookupRequest
 
 logger = logging.getLogger("ridgeline.server.front")
 # A worker that is not there (any more): refused, or a pooled connection to a process that died. Before a response
@@ -103,11 +106,13 @@ class _PagesGone(Exception):
     """The decode worker found the prefilled pages gone (503 kv_pages_gone): prefill again."""
 
 
-def _error_code(content: bytes) -> str | None:
+def _error_code(content: bytes, part: str = "code") -> str | None:
+    """A worker's OpenAI-style error body's `code` (or another part); None where the body is not one."""
     try:
-        return json.loads(content)["error"]["code"]
+        value = json.loads(content)["error"][part]
     except (ValueError, KeyError, TypeError):
         return None
+    return value if isinstance(value, str) else None
 
 
 class DisaggregatedFront:
@@ -219,11 +224,12 @@ class DisaggregatedFront:
             prefill_url = self._pick("prefill")
 
     async def _prefill(self, prefill_url: str, path: str, body: dict,
-                       deadline: Deadline | None) -> dict | None | Response:
-        """The prefill worker's kv_transfer_params (None: it finished at its first token), or the answer to give
-        the client (the prefill worker's own refusal of the request, or a 502)."""
+                       deadline: Deadline | None) -> KVOffer | None | Response:
+        """The prefill worker's offer of the pages it holds (None: it finished at its first token), or the answer
+        to give the client (the prefill worker's own refusal of the request, or a 502, one naming the field of a
+        malformed offer)."""
         prefill_body = {**body, "stream": False, "stream_options": None, "max_tokens": 1,
-                        "kv_transfer_params": {"do_remote_decode": True}}
+                        "kv_transfer_params": KVTransferParams(do_remote_decode=True).to_json()}
         if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
             prefill_body["max_completion_tokens"] = 1
             prefill_body.pop("max_tokens")
@@ -240,21 +246,27 @@ class DisaggregatedFront:
                 self.failures.labels("prefill").inc()
             return Response(prefilled.content, prefilled.status_code, media_type="application/json",
                             headers=_retry_after(prefilled))
-        return prefilled.json().get("kv_transfer_params")
+        params = prefilled.json().get("kv_transfer_params")
+        try:
+            return None if params is None else KVOffer.from_json(params, "kv_transfer_params")
+        except MalformedMessage as error:  # a worker of another version, or a bug: not the client's fault
+            self.failures.labels("prefill").inc()
+            return error_response(502, f"prefill worker {prefill_url} answered a {error.reason}",
+                                  code="prefill_failed")
 
-    async def _decode(self, decode_url: str, path: str, body: dict, prefill_url: str, kv: dict,
+    async def _decode(self, decode_url: str, path: str, body: dict, prefill_url: str, kv: KVOffer,
                       deadline: Deadline | None) -> Response:
         """Hand the prefilled request to a decode worker; the pages' lease is kept alive until one has taken it.
         _PagesGone if the decode worker found them gone. Cancelled (the client left, its deadline passed): the
         pages are released on the prefill worker (a no-op if the decode worker pulled them already)."""
-        decode_body = {**body, "kv_transfer_params": {**kv, "do_remote_prefill": True}}
+        decode_body = {**body, "kv_transfer_params": KVTransferParams(do_remote_prefill=True, offer=kv).to_json()}
         if isinstance(body.get("prompt"), str):
             # The prefill worker tokenised the prompt already; its ids, from the manifest, spare the decode worker
             # doing it again on its own core with the GIL held (~24 ms per 2,000 words there, a stall of every
             # stream it decodes). The decode worker still checks them against the pages' chain hashes.
-            decode_body["prompt"] = kv["manifest"]["prompt_token_ids"]
+            decode_body["prompt"] = list(kv.manifest.prompt_token_ids)
         lease = object()
-        self.leases.hold(lease, kv["remote_address"], kv["manifest"]["request_id"], kv.get("lease_seconds"))
+        self.leases.hold(lease, kv.remote_address, kv.manifest.request_id, kv.lease_seconds)
         self._handing_over[decode_url] = self._handing_over.get(decode_url, 0) + 1
         handed_to = decode_url
         full_until = asyncio.get_running_loop().time() + self.config.handoff_wait
@@ -288,7 +300,7 @@ class DisaggregatedFront:
                 await upstream.aclose()
                 code = _error_code(content)
                 if upstream.status_code == 503 and code == "kv_pages_gone":
-                    raise _PagesGone(json.loads(content)["error"]["message"])
+                    raise _PagesGone(_error_code(content, "message") or content.decode(errors="replace"))
                 failed_itself = (upstream.status_code == 503 and code in DECODE_GONE_CODES
                                  or upstream.status_code >= 500 and upstream.status_code != 503)
                 if failed_itself and attempt == 0:  # shutting down, dying (a 500 as it cancels): the next one
@@ -352,31 +364,33 @@ class DisaggregatedFront:
                 tokenized = await self.client.post(f"{prefill_url}/tokenize", json=ask)
                 if tokenized.status_code != 200:
                     return "local"  # let the decode worker answer whatever is wrong with it
-                ids = tokenized.json()["tokens"]
-            answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json={"prompt": ids})
-            held = answer.json()
-            uncached = held["prompt_tokens"] - held["cached_tokens"]
+                ids = list(TokenizeAnswer.from_json(tokenized.json()).tokens)
+            ask_held = KVLookupRequest(prompt=ids).model_dump(exclude_unset=True)  # {"prompt": ids}
+            answer = await self.client.post(f"{decode_url}/v1/kv/lookup", json=ask_held)
+            if answer.status_code != 200:
+                return "local"  # let the decode worker answer whatever is wrong with it
+            held = KVLookupAnswer.from_json(answer.json())
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 1
-            if held.get("max_model_len") and held["prompt_tokens"] + int(max_tokens) > held["max_model_len"]:
+            if held.max_model_len and held.prompt_tokens + int(max_tokens) > held.max_model_len:
                 return "local"  # longer than the decode worker can hold: it says so itself (its 400), no prefill spent
         except WORKER_GONE:
             raise  # looked for again
-        except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        except (httpx.HTTPError, MalformedMessage, TypeError, ValueError):
             return "local"  # let the decode worker answer whatever is wrong with it
-        if answer.status_code != 200 or uncached < self.config.local_prefill_tokens:
+        if held.uncached_tokens < self.config.local_prefill_tokens:
             return "local"
         # Its queue as it says, or as this front knows it (prefilled for it and not yet started there: a superset
         # of this front's share of that queue, and ahead of it)
-        waiting = max(held.get("kv_waiting", 0), self._handing_over.get(decode_url, 0))
-        if held.get("accepting") is False or waiting >= held.get("max_kv_waiting", float("inf")):
+        waiting = max(held.kv_waiting, self._handing_over.get(decode_url, 0))
+        if not held.accepting or waiting >= held.max_kv_waiting:
             return error_response(503, f"the decode worker has {waiting} requests waiting for KV room (at most "
-                                       f"{held.get('max_kv_waiting')}); retry later", code="decode_busy",
+                                       f"{held.max_kv_waiting}); retry later", code="decode_busy",
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
         return "remote"
 
-    async def _release(self, prefill_url: str, kv: dict) -> None:
+    async def _release(self, prefill_url: str, kv: KVOffer) -> None:
         try:
-            await self.client.post(f"{prefill_url}/v1/kv/release", json={"request_id": kv["manifest"]["request_id"]})
+            await self.client.post(f"{prefill_url}/v1/kv/release", json=KVRelease(kv.manifest.request_id).to_json())
         except httpx.HTTPError:
             logger.warning("could not release KV at %s; its lease will", prefill_url)
 

@@ -12,8 +12,7 @@ usage are computed in one place, exactly as when colocated.
 import time
 from dataclasses import dataclass
 
-from ridgeline.cluster.kv_transfer.messages import (TransferFailed, logprobs_from_json, logprobs_to_json,
-                                                    manifest_from_json, manifest_to_json)
+from ridgeline.cluster.kv_transfer.messages import KVOffer, KVTransferParams, MalformedMessage
 from ridgeline.cluster.kv_transfer.source import KVSource, PagesGone
 from ridgeline.engine.admission import AdmittedRequest
 from ridgeline.engine.messages import AddRequest, ReceiveKV
@@ -33,30 +32,37 @@ class WorkerRole:
 def engine_requests(role: WorkerRole, request_id: str, admitted: AdmittedRequest, n: int,
                     kv_params: dict | None) -> list[AddRequest | ReceiveKV]:
     """The engine messages for one prompt's n choices, as this worker's role and the request's kv params say."""
-    if not kv_params or not (kv_params.get("do_remote_decode") or kv_params.get("do_remote_prefill")):
+    if not kv_params:
         return choice_requests(request_id, admitted, n)
-    if n != 1:
-        raise APIError(400, "'kv_transfer_params' (disaggregated prefill/decode) needs n=1", "n")
-    if kv_params.get("do_remote_decode"):
-        if role.name != "prefill":
-            raise APIError(400, f"this server's role is {role.name!r}: only a prefill worker keeps KV for a decode "
-                                "worker", "kv_transfer_params")
-        return [AddRequest(f"{request_id}-0", admitted, time.monotonic(), hold_kv=True)]
-    if role.name != "decode":
-        raise APIError(400, f"this server's role is {role.name!r}: only a decode worker pulls KV from a prefill "
-                            "worker", "kv_transfer_params")
     try:
-        manifest = manifest_from_json(kv_params["manifest"])
-        address = str(kv_params["remote_address"])
-        first = logprobs_from_json(kv_params.get("first_logprobs"))
-        lease = kv_params.get("lease_seconds")
-        lease = None if lease is None else float(lease)
-    except (KeyError, TypeError, ValueError, TransferFailed) as error:
-        raise APIError(400, f"malformed 'kv_transfer_params': {error}", "kv_transfer_params") from None
-    return [ReceiveKV(f"{request_id}-0", admitted, manifest, address, time.monotonic(), first, lease)]
+        remote_decode, remote_prefill = KVTransferParams.flags(kv_params)
+        if not (remote_decode or remote_prefill):
+            return choice_requests(request_id, admitted, n)
+        if n != 1:
+            raise APIError(400, "'kv_transfer_params' (disaggregated prefill/decode) needs n=1", "n")
+        wanted = "prefill" if remote_decode else "decode"
+        if role.name != wanted:
+            raise APIError(400, f"this server's role is {role.name!r}: only a {wanted} worker "
+                                + ("keeps KV for a decode worker" if remote_decode else "pulls KV from a prefill worker"),
+                           "kv_transfer_params")
+        params = KVTransferParams.from_json(kv_params)
+    except MalformedMessage as error:
+        raise APIError(400, error.reason, param_of(error)) from None
+    if params.do_remote_decode:
+        return [AddRequest(f"{request_id}-0", admitted, time.monotonic(), hold_kv=True)]
+    offer = params.offer
+    return [ReceiveKV(f"{request_id}-0", admitted, offer.manifest, offer.remote_address, time.monotonic(),
+                      offer.first_logprobs, offer.lease_seconds)]
 
 
-def offer_prefilled(role: WorkerRole, output) -> dict | None:
+def param_of(error: MalformedMessage) -> str:
+    """The request field at fault, as an OpenAI error's `param`: kv_transfer_params.manifest.pages[0][1]."""
+    if error.field in ("", "kv_transfer_params"):
+        return "kv_transfer_params"
+    return f"kv_transfer_params.{error.field}"
+
+
+def offer_prefilled(role: WorkerRole, output) -> KVOffer | None:
     """A prefill worker's answer for a finished hold_kv request: where and what to pull, its lease starting now. A
     request that ended before the decode worker has anything to do (EOS or a stop string at the first token) has
     nothing to offer (its pages were freed as it finished). Pages gone meanwhile (held a whole lease unoffered: the
@@ -72,5 +78,10 @@ def offer_prefilled(role: WorkerRole, output) -> dict | None:
         raise APIError(503, f"the prefilled KV pages are gone: {error.reason}; prefill the request again",
                        code="kv_pages_gone", headers={"Retry-After": "1"}) from None
     first = output.logprobs[0] if output.logprobs else None
-    return {"remote_address": role.kv_address, "manifest": manifest_to_json(manifest),
-            "first_logprobs": logprobs_to_json(first), "lease_seconds": role.kv_source.lease_seconds}
+    return KVOffer(role.kv_address, manifest, first, role.kv_source.lease_seconds)
+
+
+def offered_params(role: WorkerRole, output) -> dict | None:
+    """The answer's `kv_transfer_params`: offer_prefilled's offer on the wire."""
+    offer = offer_prefilled(role, output)
+    return None if offer is None else offer.to_json()
