@@ -97,6 +97,12 @@ def test_mixed_priorities_admit_by_priority_and_preempt_the_lowest(requests, **s
         if admitted and waiting_after:
             # Nobody got in while a request of higher priority (a smaller value) still waits.
             assert max(s.priority for s in admitted) <= min(s.priority for s in waiting_after)
+        if waiting_after and not output.preempted:
+            # A step's prefill tokens go by priority too: no prompt of a lower priority than one left waiting got a
+            # chunk (a batch tenant's long prompt does not take every step while an interactive request waits).
+            still_waiting = min(s.priority for s in waiting_after)
+            assert not [c for c in output.chunks if c.seq in running_before and c.num_tokens > 1
+                        and c.seq.priority > still_waiting]
         for victim in output.preempted:
             # The victim had the lowest priority of all that keep running ...
             assert all(seq.priority <= victim.priority for seq in running_after)
@@ -106,6 +112,28 @@ def test_mixed_priorities_admit_by_priority_and_preempt_the_lowest(requests, **s
     everyone = drive(scheduler, requests, check)
     assert_all_correct(scheduler, everyone)  # each request's tokens are those it gets alone
     assert scheduler.block_manager.num_free_pages == scheduler.block_manager.num_pages
+
+
+def test_an_urgent_prompt_is_prefilled_before_a_lower_priority_prompt_already_running() -> None:
+    scheduler = make_scheduler(num_pages=64, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                               enable_prefix_caching=False)
+    model = PagedFakeModel(64, 4)
+    batch = make_seq("batch", list(range(2, 66)), max_tokens=4, priority=5)  # 64 tokens: four steps' budget
+    scheduler.add_request(batch)
+    step(scheduler, model)
+    urgent = make_seq("urgent", list(range(70, 78)), max_tokens=2, priority=-1)
+    scheduler.add_request(urgent)
+    output, _ = step(scheduler, model)
+    assert [(c.seq, c.num_tokens) for c in output.chunks] == [(urgent, 8), (batch, 8)]
+    # With one priority the prompt admitted first keeps the budget (first come, first served), as before.
+    scheduler = make_scheduler(num_pages=64, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                               enable_prefix_caching=False)
+    first, second = make_seq("first", list(range(2, 66)), max_tokens=4), make_seq("second", list(range(70, 78)))
+    scheduler.add_request(first)
+    step(scheduler, model := PagedFakeModel(64, 4))
+    scheduler.add_request(second)
+    output, _ = step(scheduler, model)
+    assert [(c.seq, c.num_tokens) for c in output.chunks] == [(first, 16)]
 
 
 def test_a_waiting_urgent_request_preempts_a_lower_priority_one_for_room() -> None:

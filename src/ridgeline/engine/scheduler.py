@@ -305,13 +305,21 @@ class Scheduler:
         preempted: list[Sequence] = []
 
         decodes = [seq for seq in self.running if seq.num_uncomputed_tokens == 1]
-        prefills = [seq for seq in self.running if seq.num_uncomputed_tokens > 1]
+        # The step's prefill tokens go by priority too: running prompts of the queue head's priority or a higher one
+        # first, then the head and those behind it, and only then running prompts of lower priority. Otherwise a
+        # batch tenant's long prompt, admitted earlier, takes every step's budget (chunk after chunk) while an
+        # interactive request waits at the queue's head: its TTFT grew 14.8x beside one (docs/tenants.md). With
+        # equal priorities `later` is empty and this is the first-come-first-served step it always was.
+        prefills = sorted((seq for seq in self.running if seq.num_uncomputed_tokens > 1), key=lambda seq: seq.priority)
+        head = self.waiting[0].priority if self.waiting else None
+        first = [seq for seq in prefills if head is None or seq.priority <= head]
+        later = prefills[len(first):]
         budget = self._schedule_running(decodes, budget, scheduled, preempted, now)
         step_budget = None
         if self.config.itl_target is not None and scheduled and budget > 0 and (prefills or self.waiting):
             step_budget = self._prefill_limit(list(scheduled.values()), budget, prefills)
             budget = min(budget, step_budget.prefill_limit)
-        budget = self._schedule_running(prefills, budget, scheduled, preempted, now)
+        budget = self._schedule_running(first, budget, scheduled, preempted, now)
 
         # Admit in queue order (priority, then arrival); none after a preemption (the pool is already short), except
         # the head that preempted lower-priority sequences to get in.
@@ -347,6 +355,7 @@ class Scheduler:
             self.running.append(seq)
             scheduled[seq] = self._chunk(seq, num_tokens, now)
             budget -= num_tokens
+        self._schedule_running(later, budget, scheduled, preempted, now)
 
         chunks = list(scheduled.values())
         if step_budget is not None and step_budget.target_s is not None:
