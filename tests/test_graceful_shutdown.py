@@ -76,9 +76,9 @@ def test_a_second_sigterm_exits_at_once():
 # ------------------------------------------------------------------ a proxy's own answer past the grace
 
 
-def outcome_of(url: str, stream: bool) -> tuple:
+def outcome_of(url: str, stream: bool, model: str | None) -> tuple:
     """(status, what ended it): for a stream, the last event before [DONE] (None: cut without [DONE])."""
-    request = {"prompt": "a long answer", "max_tokens": 480, "ignore_eos": True, "model": "m", "stream": stream}
+    request = {"prompt": "a long answer", "max_tokens": 480, "ignore_eos": True, "model": model, "stream": stream}
     try:
         if not stream:
             answer = httpx.post(f"{url}/v1/completions", json=request, timeout=60)
@@ -93,9 +93,9 @@ def outcome_of(url: str, stream: bool) -> tuple:
         return None, repr(error)
 
 
-def storm(url: str) -> tuple[list[threading.Thread], list]:
+def storm(url: str, model: str | None = None) -> tuple[list[threading.Thread], list]:
     outcomes: list = []
-    threads = [threading.Thread(target=lambda i=i: outcomes.append(outcome_of(url, stream=i % 2 == 0)))
+    threads = [threading.Thread(target=lambda i=i: outcomes.append(outcome_of(url, i % 2 == 0, model)))
                for i in range(8)]
     for thread in threads:
         thread.start()
@@ -181,7 +181,7 @@ def test_past_the_grace_the_router_tells_its_clients_itself():
 
         app = create_router_app(build)
         with BackgroundServer(app) as router:
-            threads, outcomes = storm(router.url)
+            threads, outcomes = storm(router.url, "m")
             time.sleep(0.5)
             begun = threading.Event()
             router.server.servers[0].get_loop().call_soon_threadsafe(
