@@ -213,6 +213,49 @@ def test_front_a_client_gone_mid_decode_frees_the_decode_worker(disaggregated, e
     settled(prefill, decode)
 
 
+class AnswersHeldOnTheWire:
+    """A prefill worker's app whose completions answers, ready and their pages offered (the lease running), are
+    held before their first byte goes out until `go` is set: a front cancelled now never reads the answer, so
+    never learns whose pages those are -- what a client leaving at exactly that moment does."""
+
+    def __init__(self, app):
+        self.app = app
+        self.state = app.state
+        self.holding, self.go = threading.Event(), threading.Event()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/v1/completions":
+            await self.app(scope, receive, send)
+            return
+
+        async def held(message):
+            if message["type"] == "http.response.start":
+                self.holding.set()
+                await asyncio.to_thread(self.go.wait, 60)
+            await send(message)
+
+        await self.app(scope, receive, held)
+
+
+def test_front_a_client_gone_while_the_prefill_answer_is_on_the_wire_leaves_no_page_held(expected):
+    """The front names the request and releases it by that name when cancelled, answer read or not: the prefill
+    worker's pages are freed within a second, not a 30 s lease later."""
+    wire = AnswersHeldOnTheWire(create_app(tiny_engine(), ServerConfig(role="prefill")))
+    with BackgroundServer(wire, drain_timeout=1.0) as prefill, serve("decode") as decode, \
+            front(prefill.url, decode.url) as proxy:
+        try:
+            leave_when(proxy.url, body(), wire.holding.is_set)
+            left = time.monotonic()
+            wait_for(lambda: idle(prefill.url), 1.0)
+            assert time.monotonic() - left < 1.0
+            assert metrics(prefill.url)["ridgeline_kv_transfer_pages_sent"] == 0  # no decode worker pulled them
+            assert metrics(proxy.url)["ridgeline_front_cancelled_prefill_releases_total"] == 1
+        finally:
+            wire.go.set()
+        assert complete(proxy.url) == expected[PROMPT]
+        settled(prefill, decode)
+
+
 # ---------------------------------------------------------------------------------------------- the router
 
 

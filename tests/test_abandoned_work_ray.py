@@ -95,3 +95,53 @@ def test_router_over_ray_aborts_a_queued_and_a_decoding_request_whose_clients_le
             asyncio.run(scenario())
     finally:
         ray.shutdown()
+
+
+def test_router_over_ray_aborts_a_request_mid_prefill_and_the_actor_frees_every_page():
+    """A long prompt prefilled in 16-token chunks (many steps): the client leaves while the actor is part-way
+    through it, and the actor's status shows nothing running or waiting and every KV page free within 5 s."""
+    ensure_ray(num_cpus=2)
+    config = EngineConfig(model=str(tiny_model_path(4096)), threads=1,
+                          kv_cache=KVCacheConfig(16, "fp32", 512 * 16 * KV_BYTES_PER_TOKEN),
+                          scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16))
+    local = tiny_engine(context=4096)
+    holder = {}
+
+    async def build() -> Router:
+        replica = RayReplica("m/0", "m", config, num_cpus=1)
+        await replica.ready()
+        router = Router([ModelGroup("m", 0.5, [replica], tokenizer=local.tokenizer, admission=local.admission)],
+                        {"m/0": Rates(2000.0, 100.0, "configured")}, health_interval_s=3600, learn_rates=False)
+        await router.start()
+        holder["router"] = router
+        return router
+
+    prompt = " ".join(f"w{i % 97}" for i in range(1000))  # thousands of tokens: a couple of hundred chunks
+    try:
+        with BackgroundServer(create_router_app(build)) as server:
+            replica = holder["router"].replicas["m/0"]
+
+            async def scenario() -> None:
+                async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+                    sending = asyncio.create_task(client.post("/v1/completions", json={**BODY, "prompt": prompt,
+                                                                                        "max_tokens": 8}))
+
+                    async def mid_prefill() -> bool:
+                        report = await replica.actor.status.remote()
+                        return report.num_running == 1 and report.queued_prefill_tokens > 0
+
+                    await poll(mid_prefill, 30)
+                    sending.cancel()  # the client leaves part-way through its prefill
+
+                    async def freed() -> bool:
+                        report = await replica.actor.status.remote()
+                        return (report.num_running, report.num_waiting) == (0, 0) and \
+                            report.num_free_pages == report.num_total_pages
+
+                    await poll(freed)
+                    cancelled = holder["router"].metrics.requests.labels("m", "m/0", "cancelled")._value.get()
+                    assert cancelled == 1
+
+            asyncio.run(scenario())
+    finally:
+        ray.shutdown()

@@ -178,10 +178,10 @@ def test_cancelled_request_is_aborted_on_the_worker_and_uncounted(cancel_after):
             assert router.loads.of("m/0").num_in_flight == 0
             for _ in range(200):
                 status = group.replicas[0].worker.status()
-                if status.num_running == 0 and status.num_waiting == 0:
+                if status.num_running == 0 and status.num_waiting == 0 and status.num_free_pages == status.num_total_pages:
                     break
                 await asyncio.sleep(0.01)
-            assert status.num_running == 0
+            assert status.num_running == 0 and status.num_free_pages == status.num_total_pages > 0
         finally:
             await closed(router)
 

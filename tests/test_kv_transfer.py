@@ -15,7 +15,7 @@ from tiny_models import build_hf_model, save_tokenizer
 from ridgeline.cluster.kv_transfer.inprocess import InProcessTransport
 from ridgeline.cluster.kv_transfer.messages import TransferFailed
 from ridgeline.cluster.kv_transfer.receiver import receive
-from ridgeline.cluster.kv_transfer.source import KVSource
+from ridgeline.cluster.kv_transfer.source import KVSource, PagesGone
 from ridgeline.cluster.kv_transfer.zmq_transport import ZmqKVServer, ZmqTransport
 from ridgeline.engine.block_manager import first_readable_block
 from ridgeline.engine.kv_cache import KVCacheConfig
@@ -193,6 +193,29 @@ def test_a_client_gone_between_prefill_and_decode_frees_the_pages_and_a_late_pul
     with pytest.raises(TransferFailed, match="no KV held"):
         receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(PROMPTS[2], GREEDY), manifest)
     assert_no_pages_leaked(decode_engine)
+
+
+def test_a_front_releases_by_its_own_name_whenever_its_word_arrives(model):
+    """A front that never read the answer (cancelled while it was on the wire) releases by the name it sent: the
+    pages are freed whether they are held already, still being prefilled, or the word came before the request."""
+    prefill_engine = engine(model)
+    source = KVSource(prefill_engine)
+    source.expect("front-1", "a")
+    prefill(prefill_engine, source, "a", PROMPTS[2])  # offered: the answer went out
+    source.settle("a")
+    source.release("front-1")
+    assert_no_pages_leaked(prefill_engine)
+    source.expect("front-2", "b")
+    source.release("front-2")  # while it is still to be prefilled
+    with pytest.raises(PagesGone, match="released by its front"):
+        prefill(prefill_engine, source, "b", PROMPTS[1])
+    assert_no_pages_leaked(prefill_engine)
+    source.release("front-3")  # before the request reached this worker
+    source.expect("front-3", "c")
+    with pytest.raises(PagesGone, match="released by its front"):
+        prefill(prefill_engine, source, "c", PROMPTS[3])
+    assert_no_pages_leaked(prefill_engine)
+    assert source.num_names == 0 and source.num_released == 3
 
 
 def test_pages_of_another_prompt_are_refused(model):

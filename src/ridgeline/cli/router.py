@@ -11,7 +11,7 @@ from ridgeline.cli.tenant_options import TENANTS, USAGE_DB
 
 def run_router(config_path: Path, memory: str | None, host: str | None, port: int | None,
                api_key: str | None = None, policy: str | None = None, tenants: Path | None = None,
-               usage_db: Path | None = None) -> None:
+               usage_db: Path | None = None, drain_timeout: float = 30.0) -> None:
     from ridgeline.engine.options import parse_bytes
     from ridgeline.cluster.build import build_router
     from ridgeline.cluster.config import load_config
@@ -31,7 +31,7 @@ def run_router(config_path: Path, memory: str | None, host: str | None, port: in
     budget = parse_bytes(memory) if memory else None
     settings = config.router
     server_config = ServerConfig(host=host or settings.host, port=port if port is not None else settings.port,
-                                 api_key=api_key or settings.api_key)
+                                 api_key=api_key or settings.api_key, drain_timeout=drain_timeout)
 
     async def build():
         built = await build_router(config, budget)
@@ -63,5 +63,6 @@ def router_command(
     policy: str = typer.Option(None, "--policy", help="Which replica takes a request: cost (prefix cache and load, the default) or round_robin (overrides the config's [router] policy)."),
     tenants: Path = TENANTS,
     usage_db: Path = USAGE_DB,
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0, help="Seconds in-flight requests get on SIGTERM (a second SIGTERM exits at once); what is still in flight then gets the router's own 503 / error event and is cancelled on its replicas."),
 ) -> None:
-    run_router(config, memory, host, port, api_key, policy, tenants, usage_db)
+    run_router(config, memory, host, port, api_key, policy, tenants, usage_db, drain_timeout)

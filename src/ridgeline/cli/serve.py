@@ -66,7 +66,7 @@ def serve_command(
     if router is not None:
         from ridgeline.cli.router import run_router
 
-        run_router(router, memory, host, port, api_key, tenants=tenants, usage_db=usage_db)
+        run_router(router, memory, host, port, api_key, tenants=tenants, usage_db=usage_db, drain_timeout=drain_timeout)
         return
     if prefill_workers or decode_workers:
         if kv_cache_dtype_k or kv_cache_dtype_v:  # the Ray workers' config carries one KV type for both sides

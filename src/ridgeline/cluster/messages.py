@@ -58,3 +58,7 @@ class WorkerStatus:
     # Per request in flight: prompt tokens it still has to prefill, cached prefix left out (None: not yet looked
     # at). The router sets its own count of each request to this; requests absent keep the router's count.
     prefill_remaining: dict[str, int | None] | None = None
+    # KV pages, as the engine's last step left them: a worker whose requests all ended (or were aborted, their
+    # clients gone) has every page free again (issue 38), what an operator of a Ray actor can only see here.
+    num_free_pages: int | None = None
+    num_total_pages: int | None = None

@@ -94,11 +94,14 @@ class EngineWorker:
 
     def status(self) -> WorkerStatus:
         backlog = self.driver.backlog()
+        pages = self.engine.scheduler.block_manager
         with self._events_lock:
             events, self._events = self._events, CacheEvents()
         return WorkerStatus(self.info.worker_id, self.alive, backlog.received, backlog.num_running,
                             backlog.num_waiting, backlog.queued_prefill_tokens, events, self.error,
-                            prefill_remaining=backlog.prefill_remaining)
+                            prefill_remaining=backlog.prefill_remaining,
+                            # read without the engine's lock, as the backlog's counts are: a step's worth stale
+                            num_free_pages=pages.num_free_pages, num_total_pages=pages.num_pages)
 
     def stop(self) -> None:
         self.driver.stop()

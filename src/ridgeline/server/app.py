@@ -164,11 +164,13 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/kv/release")
     async def release_kv(request: KVReleaseRequest) -> Response:
-        """A front's word that nobody will collect a request's pages (its client left between prefill and decode)."""
+        """A front's word that nobody will collect a request's pages (its client left between prefill and decode):
+        `request_id` is the id in the prefill worker's answer, or the `front_request_id` the front sent with the
+        request (whose answer it may never have read). Pages not held yet are freed as the request finishes."""
         if role.kv_source is None:
             raise APIError(400, "this server is not a prefill worker", "request_id")
         # (request: the front's KVRelease, server/disaggregation_messages.py, validated as its pydantic model)
-        await asyncio.to_thread(role.kv_source.drop, request.request_id)  # takes the engine: off the event loop
+        await asyncio.to_thread(role.kv_source.release, request.request_id)  # may take the engine: off the loop
         return JSONResponse({"released": request.request_id})
 
     @app.post("/v1/kv/lookup")

@@ -37,7 +37,9 @@ import asyncio
 import itertools
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -51,6 +53,7 @@ from ridgeline.cluster.kv_transfer.zmq_transport import ZmqTransport
 from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_client_waits
 from ridgeline.server.deadline import Deadline, deadline_error, forwarded, request_deadline
 from ridgeline.server.disaggregation_messages import KVLookupAnswer, KVRelease, TokenizeAnswer
+from ridgeline.server.drain import Drain, DrainGate
 from ridgeline.server.errors import APIError, error_response
 from ridgeline.server.kv_leases import LeaseKeeper
 from ridgeline.server.protocol import KVLookupRequest
@@ -128,6 +131,7 @@ class DisaggregatedFront:
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
         self.leases = LeaseKeeper(ZmqTransport(timeout=5.0), name="ridgeline-front-kv-leases")
         self._handing_over: dict[str, int] = {}  # decode URL -> requests prefilled for it, not yet taken by it
+        self._releasing: set[asyncio.Future] = set()  # releases by name on their way (kept: tasks are weakly held)
         self.registry = CollectorRegistry()
         self.placements = Counter("ridgeline_front_prefills", "Prefills by where they ran: on a prefill worker "
                                   "(remote) or on the decode worker (local).", ["placement"], registry=self.registry)
@@ -141,6 +145,9 @@ class DisaggregatedFront:
                                 "byte of an answer, by why.", ["reason"], registry=self.registry)
         self.client_left = Counter("ridgeline_front_client_left", "Requests whose client left before the answer "
                                    "started: their upstream requests cancelled.", registry=self.registry)
+        self.released = Counter("ridgeline_front_cancelled_prefill_releases", "Releases sent to a prefill worker "
+                                "for a prefill cancelled before its answer was read (by the name the front gave it).",
+                                registry=self.registry)
         self.deadlines = Counter("ridgeline_front_deadline_exceeded", "Requests whose x-ridgeline-deadline-ms "
                                  "passed before the answer started: cancelled upstream, answered 504.",
                                  registry=self.registry)
@@ -228,17 +235,29 @@ class DisaggregatedFront:
         """The prefill worker's offer of the pages it holds (None: it finished at its first token), or the answer
         to give the client (the prefill worker's own refusal of the request, or a 502, one naming the field of a
         malformed offer)."""
+        # Named here, so that the pages can be released whether or not the answer is read: a front cancelled while
+        # the answer is on the wire would otherwise never learn whose pages to release (held a whole lease).
+        name = uuid.uuid4().hex
         prefill_body = {**body, "stream": False, "stream_options": None, "max_tokens": 1,
-                        "kv_transfer_params": KVTransferParams(do_remote_decode=True).to_json()}
+                        "kv_transfer_params": KVTransferParams(do_remote_decode=True, front_request_id=name).to_json()}
         if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
             prefill_body["max_completion_tokens"] = 1
             prefill_body.pop("max_tokens")
         try:
             # Cancelled (client left, deadline): the connection closes and the prefill worker aborts it there
             prefilled = await self.client.post(f"{prefill_url}{path}", json=prefill_body, headers=forwarded(deadline))
+        except asyncio.CancelledError:
+            # Cancelled (client left, deadline, shutdown) wherever the request was, its answer perhaps on the wire
+            # already: the release by name frees the pages now or as the prefill finishes (a no-op if it never ran)
+            self._release_soon(prefill_url, name)
+            raise
+        except httpx.ConnectError:
+            raise  # nothing was sent: looked for again
         except WORKER_GONE:
-            raise  # looked for again
+            self._release_soon(prefill_url, name)  # a connection cut, the worker perhaps alive: looked for again
+            raise
         except httpx.HTTPError as error:
+            self._release_soon(prefill_url, name)
             self.failures.labels("prefill").inc()
             return error_response(502, f"prefill worker {prefill_url} failed: {error!r}", code="prefill_failed")
         if prefilled.status_code != 200:
@@ -388,6 +407,26 @@ class DisaggregatedFront:
                                   headers={"Retry-After": RETRY_AFTER_SECONDS})
         return "remote"
 
+    def _release_soon(self, prefill_url: str, name: str) -> None:
+        """Release a request's pages by the name this front gave it, without waiting for the answer (whoever cancelled
+        is not held up); close() waits for releases still on their way."""
+        task = asyncio.ensure_future(self._release_by_name(prefill_url, name))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_by_name(self, prefill_url: str, name: str) -> None:
+        try:
+            await self.client.post(f"{prefill_url}/v1/kv/release", json=KVRelease(name).to_json(), timeout=5.0)
+            self.released.inc()
+        except httpx.HTTPError:
+            logger.warning("could not release KV at %s; its lease will", prefill_url)
+
+    async def close(self) -> None:
+        if self._releasing:
+            await asyncio.wait(set(self._releasing), timeout=5.0)
+        await self.client.aclose()
+        self.leases.close()
+
     async def _release(self, prefill_url: str, kv: KVOffer) -> None:
         try:
             await self.client.post(f"{prefill_url}/v1/kv/release", json=KVRelease(kv.manifest.request_id).to_json())
@@ -433,7 +472,19 @@ def _retry_after(upstream: httpx.Response) -> dict[str, str] | None:
 
 def create_front_app(config: FrontConfig, pool=None) -> FastAPI:
     front = DisaggregatedFront(config, pool)
-    app = FastAPI(title="ridgeline disaggregated front")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        await front.close()  # releases still on their way go out first
+
+    app = FastAPI(title="ridgeline disaggregated front", lifespan=lifespan)
+    # SIGTERM (server/launcher.py): past the grace, what is still in flight gets this front's own 503 / error event,
+    # and its upstream requests are cancelled (server/drain.py)
+    drain = Drain()
+    app.add_middleware(DrainGate, drain=drain)
+    app.state.begin_shutdown = drain.begin
+    app.state.drain = drain
 
     @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:

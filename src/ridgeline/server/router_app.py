@@ -28,6 +28,7 @@ from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_clie
 from ridgeline.server.completions import create_completion
 from ridgeline.server.deadline import deadline_error, request_deadline
 from ridgeline.server.deadline import forwarded as forwarded_deadline
+from ridgeline.server.drain import Drain, DrainGate
 from ridgeline.server.errors import APIError, error_response, install_error_handlers, validation_message
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -165,6 +166,12 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
     if factory is None:
         adopt(router)
     install_error_handlers(app)
+    # SIGTERM (server/launcher.py): past the grace, what is still in flight gets the router's own 503 / error
+    # event, and its replica requests are cancelled (server/drain.py)
+    drain = Drain()
+    app.add_middleware(DrainGate, drain=drain)
+    app.state.begin_shutdown = drain.begin
+    app.state.drain = drain
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_body_bytes)
     if api_key or tenants is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, tenants=tenants)

@@ -139,6 +139,21 @@ class Job(Protocol):
         """The SSE event with the usage, sent last when the request's stream_options ask for it."""
 
 
+FRONT_REQUEST_ID_CHARS = 128
+
+
+def front_request_id(kv_params: dict | None) -> str | None:
+    """`kv_transfer_params.front_request_id`: the name a front gave a request it sends a prefill worker, to release
+    its pages by (POST /v1/kv/release) whether or not the answer reached it."""
+    name = (kv_params or {}).get("front_request_id")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not 0 < len(name) <= FRONT_REQUEST_ID_CHARS:
+        raise APIError(400, f"'kv_transfer_params.front_request_id' must be a string of 1 to {FRONT_REQUEST_ID_CHARS} "
+                            "characters", "kv_transfer_params")
+    return name
+
+
 def check_kv_hold(engine_requests: list, stream: bool) -> bool:
     """Whether a prefill worker holds these requests' KV for a decode worker to collect; such an answer is whole."""
     holds_kv = any(getattr(r, "hold_kv", False) for r in engine_requests)
@@ -154,15 +169,22 @@ async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingRespon
     then closed, which aborts what is still running). A request past its deadline (x-ridgeline-deadline-ms) is
     aborted wherever it is and answered 504. The tenant is charged what the job used, once, however it ends."""
     deadline = request_deadline(raw.headers)
+    source = ctx.role.kv_source if getattr(job, "holds_kv", False) else None
+    # The front's own name for it: its release by that name frees the pages even if the front never reads this
+    # answer (cancelled while the answer is on the wire), or released it before it got here.
+    named = front_request_id(job.request.kv_transfer_params) if source is not None else None
     account = await reserve(ctx.tenants, raw, job.engine_requests)
+    if named is not None:
+        source.expect(named, job.engine_requests[0].request_id)
     try:
         submission = ctx.engine.submit(job.engine_requests)
     except BaseException:
         _settle(account, None)  # refused by the engine (full queue, no replica): nothing ran
+        if named is not None:
+            source.settle(job.engine_requests[0].request_id)
         raise
-    if getattr(job, "holds_kv", False) and ctx.role.kv_source is not None:
+    if source is not None:
         # A prefill worker whose client (the front) left: pages that still finish are freed, not held a lease.
-        source = ctx.role.kv_source
         submission.on_finished_after_leaving = lambda request_id: asyncio.ensure_future(
             asyncio.to_thread(source.drop, request_id))
     finals = None
@@ -195,6 +217,8 @@ async def answer(ctx: ServingContext, job: Job, raw: Request) -> StreamingRespon
         if finals is not None:
             job.last = [finals[i] for i in range(len(job.engine_requests))]
         _settle(account, job)  # None once a stream has taken it over
+        if named is not None:
+            source.settle(job.engine_requests[0].request_id)
     submission.close()
     job.log()
     return job.response()

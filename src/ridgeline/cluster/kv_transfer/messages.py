@@ -292,6 +292,9 @@ class KVTransferParams:
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
     offer: KVOffer | None = None  # with do_remote_prefill: the pages to pull
+    # With do_remote_decode: the name the front gave the request, so that it can release the pages by it even when
+    # it is cancelled while the answer (which holds the worker's own id) is still on the wire.
+    front_request_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.do_remote_prefill and not self.do_remote_decode and self.offer is None:
@@ -309,6 +312,8 @@ class KVTransferParams:
             body["do_remote_decode"] = True
         if self.do_remote_prefill:
             body["do_remote_prefill"] = True
+        if self.front_request_id is not None:
+            body["front_request_id"] = self.front_request_id
         return body
 
     @staticmethod
@@ -324,4 +329,5 @@ class KVTransferParams:
         """MalformedMessage naming the field at fault (its path inside `kv_transfer_params`)."""
         remote_decode, remote_prefill = cls.flags(body)
         offer = KVOffer.from_json(body) if remote_prefill and not remote_decode else None
-        return cls(remote_decode, remote_prefill, offer)
+        name = field(_OFFER, body, "", "front_request_id", optional(as_str), None)
+        return cls(remote_decode, remote_prefill, offer, name)

@@ -14,17 +14,29 @@ pages are written once and freed only through this source) under the source's ow
 and a release is a message the engine thread applies before its next step. Keep-alives and pulls are therefore
 answered at once however long the engine's steps take, and an answer that reaches its client late cannot find
 its pages gone: its lease starts only then. Unattached (tests, one thread), every engine call takes `lock`.
+
+A front may name a request itself (`expect`) and release it by that name (`release`) whether or not its answer
+reached it: a front cancelled while the answer is on the wire never learns the id here, and without its word the
+pages would stay held a whole lease (issue 38). A name released before it is known here is remembered for a
+lease's time, and a request released before it finished is freed as it finishes, so an answer produced after the
+release never holds pages.
 """
 
 import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ridgeline.cluster.kv_transfer.messages import (LAYOUT_MISMATCH, Done, Failed, KeepAlive, Message, Pages, Pull,
                                                     TransferFailed)
 from ridgeline.engine.kv_handoff import KVHandoffError, KVManifest, payload_digest
+
+
+# Names released before they were known here, remembered at most this many (oldest forgotten first): a bound on what
+# a front that releases names it never sent can make a worker keep.
+MAX_EARLY_RELEASES = 65536
 
 
 class PagesGone(TransferFailed):
@@ -54,6 +66,13 @@ class KVSource:
         self._leases: dict[str, float] = {}  # request id -> when its lease lapses
         self._prepared: dict[str, tuple[KVManifest, float]] = {}  # finished, not yet offered: manifest, deadline
         self._release: Callable[[str], None] | None = None  # attached: hands a release to the engine thread
+        # A front's names for its requests (expect/release). Own lock, never held around anything that waits, so
+        # the event loop can take it; taken inside _mutex where both are needed, never the other way round.
+        self._names_mutex = threading.Lock()
+        self._by_name: dict[str, str] = {}  # a front's name -> the request's id here
+        self._name_of: dict[str, str] = {}  # the reverse
+        self._doomed: set[str] = set()  # ids here released by name before they finished: freed as they do
+        self._released_early: OrderedDict[str, float] = OrderedDict()  # names released before known -> until when
         self.num_released = 0
         self.num_lapsed = 0
 
@@ -77,6 +96,10 @@ class KVSource:
             if output.finish_reason != "length":
                 self.engine.release_kv(output.request_id)
                 continue
+            if self._take_doomed(output.request_id):  # its front released it (by name) before it finished
+                self.engine.release_kv(output.request_id)
+                self.num_released += 1
+                continue
             self.prepare(output.request_id, self.engine.offer_kv(output.request_id))
 
     def _apply_release(self, message: ReleaseHeld) -> bool:
@@ -89,7 +112,63 @@ class KVSource:
         with self._mutex:
             self._prepared[request_id] = (manifest, self._clock() + self.lease_seconds)
 
+    def _take_doomed(self, request_id: str) -> bool:
+        with self._names_mutex:
+            if request_id not in self._doomed:
+                return False
+            self._doomed.discard(request_id)
+            self._forget_locked(request_id)
+            return True
+
     # ------------------------------------------------------------ any thread
+
+    def expect(self, name: str, request_id: str) -> None:
+        """A front's `name` for the hold_kv request `request_id`, before it is submitted: release(name) frees its
+        pages whenever it comes. A name released already (the front left before this request got here) dooms the
+        request: its pages are freed as it finishes."""
+        with self._names_mutex:
+            if self._released_early.pop(name, None) is not None:
+                self._doomed.add(request_id)
+            self._by_name[name] = request_id
+            self._name_of[request_id] = name
+
+    def settle(self, request_id: str) -> None:
+        """The request's HTTP answer is over: forget its name unless its pages are still held (offered or about to
+        be) -- those keep it until they are freed."""
+        with self._mutex:
+            held = request_id in self._leases or request_id in self._prepared
+            with self._names_mutex:
+                if not held and request_id not in self._doomed:
+                    self._forget_locked(request_id)
+
+    def release(self, key: str) -> None:
+        """Free a request's pages, by its id here or the name a front gave it, whether they are held now, will be
+        (it is still prefilling: freed as it finishes), or the name is not known yet (remembered a lease's time)."""
+        with self._mutex:
+            with self._names_mutex:
+                request_id = self._by_name.get(key, key)
+                known = request_id in self._name_of
+            if request_id in self._leases or request_id in self._prepared:
+                self.drop(request_id)
+                return
+            with self._names_mutex:
+                if known:
+                    self._doomed.add(request_id)
+                    return
+                self._released_early[key] = self._clock() + self.lease_seconds
+                self._released_early.move_to_end(key)
+                while len(self._released_early) > MAX_EARLY_RELEASES:
+                    self._released_early.popitem(last=False)
+
+    def _forget_locked(self, request_id: str) -> None:
+        name = self._name_of.pop(request_id, None)
+        if name is not None and self._by_name.get(name) == request_id:
+            del self._by_name[name]
+
+    @property
+    def num_names(self) -> int:
+        """Names a front gave requests here that are still remembered (held, in flight, or released early)."""
+        return len(self._by_name) + len(self._released_early)
 
     def offer(self, request_id: str) -> KVManifest:
         """The manifest of a finished hold_kv request (for the decode side), starting its lease now: the clock runs
@@ -102,7 +181,13 @@ class KVSource:
             if request_id in self._leases:
                 raise PagesGone(f"request {request_id!r} was offered already")
         if self._release is not None:
-            raise PagesGone(f"the KV pages of request {request_id!r} are gone (held past its lease unoffered)")
+            raise PagesGone(f"the KV pages of request {request_id!r} are gone (held past its lease unoffered, or "
+                            f"released by its front)")
+        if self._take_doomed(request_id):
+            with self._lock:
+                self.engine.release_kv(request_id)
+            self.num_released += 1
+            raise PagesGone(f"request {request_id!r} was released by its front before it finished")
         try:
             with self._lock:
                 manifest = self.engine.offer_kv(request_id)
@@ -155,6 +240,9 @@ class KVSource:
             if held:
                 self._free(request_id)  # inside the mutex: no pull of these pages is reading them now
                 self.num_released += 1
+            with self._names_mutex:
+                self._doomed.discard(request_id)
+                self._forget_locked(request_id)
 
     def _free(self, request_id: str) -> None:
         if self._release is not None:
@@ -174,6 +262,9 @@ class KVSource:
             for request_id in lapsed + unoffered:
                 self.drop(request_id)
             self.num_lapsed += len(lapsed)
+        with self._names_mutex:
+            while self._released_early and next(iter(self._released_early.values())) <= now:
+                self._released_early.popitem(last=False)
         if self._release is None:
             self._expire_unprepared()
         return lapsed
