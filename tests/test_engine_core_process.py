@@ -196,3 +196,26 @@ def test_unsupported_combinations_are_refused(args):
                              str(tiny_model_path()), *options], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--engine-core" in result.stderr, result.stderr
+
+
+def test_a_core_that_cannot_restart_shuts_the_server_down(tmp_path):
+    """Killed, and its model gone since: the restart fails, so the client gives up (a server sends itself SIGTERM)
+    instead of answering 503 for ever; what was in flight still ended with engine_dead."""
+    from dataclasses import replace
+
+    from ridgeline.server.engine_core.client import CoreClient
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(tiny_model_path().read_bytes())
+    core = CoreProcess(EngineConfig(model=str(model), kv_cache=KVCacheConfig(dtype="fp32", memory_bytes=1 << 20)))
+    core.start()
+    gave_up = threading.Event()
+    client = CoreClient(core, 8, deliver=lambda deliveries: None, on_snapshot=lambda *_: None,
+                        give_up=gave_up.set).start()
+    try:
+        core.config = replace(core.config, model=str(tmp_path / "gone.gguf"))
+        core.kill()
+        assert gave_up.wait(60)
+        assert not client.alive and "could not be restarted" in client.error
+    finally:
+        client.stop()

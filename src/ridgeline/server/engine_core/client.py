@@ -134,9 +134,8 @@ class CoreClient:
                 elif self.core.process.sentinel in events:
                     self.core.process.join(1)  # reaped, so its exit status is known
                     dead = self._drain() or f"its process ended, exit status {self.core.process.exitcode}"
-            if self._stopping:
+            if self._stopping or not self._restart(dead):
                 return
-            self._restart(dead)
 
     def _drain(self) -> str | None:
         """Handle every message waiting; the reason if one said the engine died."""
@@ -170,7 +169,8 @@ class CoreClient:
         if deliveries:
             self._deliver(deliveries)
 
-    def _restart(self, reason: str) -> None:
+    def _restart(self, reason: str) -> bool:
+        """Fail what was in flight, then start a new core; False if it gave up (the server is then shut down)."""
         log.error("engine core (pid %s) died: %s", self.core.pid, reason)
         with self._lock:
             self.error = reason
@@ -179,21 +179,22 @@ class CoreClient:
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW] + [now]
         if len(self.restarts) > MAX_RESTARTS:
-            log.error("engine core died %d times in %.0f s: shutting the server down", len(self.restarts),
-                      RESTART_WINDOW)
-            self._stopping = True
-            self._give_up()
-            return
+            return self._giving_up(f"the engine core died {len(self.restarts)} times in {RESTART_WINDOW:.0f} s")
         try:
             ready = self.core.start()
         except RidgelineError as error:
-            log.error("engine core could not be restarted: %s; shutting the server down", error)
-            self._stopping = True
-            self._give_up()
-            return
+            return self._giving_up(f"the engine core could not be restarted: {error}")
         log.info("engine core restarted (pid %d)", ready.pid)
         with self._lock:
             self.error = None
+        return True
+
+    def _giving_up(self, why: str) -> bool:
+        log.error("%s: shutting the server down", why)
+        with self._lock:
+            self.error = why  # for good: /health and every request say so until the server has stopped
+        self._give_up()
+        return False
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:

@@ -1,0 +1,136 @@
+"""The engine core in its own process against the engine on a thread of the server's process, under the load that
+stalls it: --streams streams decoding while --long-prompt-tokens-word prompts arrive (disagg_vs_colocated.py's
+load, colocated).
+
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/engine_core_split.py \
+        --json benchmarks/results/engine_core_split/engine_core_split.json
+
+In one process, the server's event loop tokenises each long prompt (tens of ms of pure Python with the GIL held)
+while the engine thread waits for the GIL between its kernels; with `--engine-core process` the engine steps in a
+process of its own and the tokenising only competes for a core. Each round starts a fresh `ridgeline serve` per
+setting, alternating the order (thread, process; process, thread; ...) so drift in the machine falls on both
+alike, and runs the same load (arrivals and prompts from fixed seeds). Reported per setting: the median over its
+rounds of the streams' ITL p50 and p99, the long prompts' TTFT, output tok/s, and the CPU seconds each process
+(the server; the engine core) spent during the load, from /proc.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disagg_vs_colocated import long_prompts, run_load, start  # noqa: E402
+
+SETTINGS = ("thread", "process")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (all its threads), not its children's."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def core_pid(server_pid: int) -> int | None:
+    """The engine core among the server's children (multiprocessing also starts a resource tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    for pid in children:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"spawn_main" in command and b"resource_tracker" not in command:
+            return int(pid)
+    return None
+
+
+def one_round(setting: str, args: Namespace, load: Namespace) -> dict:
+    model = [args.model] if args.model else []
+    process, url = start(["serve", *model, "--threads", str(args.threads), "--kv-cache-memory", "1GiB",
+                          "--max-num-batched-tokens", str(args.budget), "--itl-target-ms", "0",
+                          "--engine-core", setting], log_name=f"engine-core-{setting}")
+    try:
+        pids = {"server": process.pid}
+        if setting == "process":
+            pids["engine_core"] = core_pid(process.pid)
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        result = asyncio.run(run_load(url, load))
+        after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        result["cpu_seconds"] = {name: round(after[name] - before[name], 2) for name in pids}
+        result["cpu_per_wall"] = {name: round((after[name] - before[name]) / result["seconds"], 3) for name in pids}
+        return result
+    finally:
+        process.terminate()  # SIGTERM: the server stops its core too
+        process.wait(60)
+
+
+SUMMARY_KEYS = ("stream_itl_p50_ms", "stream_itl_p99_ms", "long_ttft_p50_ms", "long_ttft_p99_ms",
+                "output_tokens_per_s")
+
+
+def summary(rounds: list[dict]) -> dict:
+    out = {key: statistics.median(r[key] for r in rounds) for key in SUMMARY_KEYS}
+    out["cpu_seconds"] = {name: statistics.median(r["cpu_seconds"][name] for r in rounds)
+                          for name in rounds[0]["cpu_seconds"]}
+    out["cpu_per_wall"] = {name: statistics.median(r["cpu_per_wall"][name] for r in rounds)
+                           for name in rounds[0]["cpu_per_wall"]}
+    out["failed"] = sum(r["failed"] for r in rounds)
+    out["requests"] = sum(r["requests"] for r in rounds)
+    return out
+
+
+def table(summaries: dict[str, dict]) -> str:
+    lines = ["| engine core | stream ITL p50 ms | p99 ms | long TTFT p50 ms | output tok/s | CPU s: server | "
+             "engine core | failed/requests |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in summaries.items():
+        cpu = s["cpu_seconds"]
+        lines.append(f"| {name} | {s['stream_itl_p50_ms']:.1f} | {s['stream_itl_p99_ms']:.1f} | "
+                     f"{s['long_ttft_p50_ms']:,.0f} | {s['output_tokens_per_s']:.1f} | {cpu['server']:.1f} | "
+                     f"{cpu.get('engine_core', 0.0):.1f} | {s['failed']}/{s['requests']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: the bundled model)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds; each runs both settings, order alternating")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
+    parser.add_argument("--budget", type=int, default=256, help="--max-num-batched-tokens (chunked prefill)")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--stream-tokens", type=int, default=128)
+    parser.add_argument("--long-prompt-tokens", type=int, default=2000, help="words of each long prompt")
+    parser.add_argument("--long-output", type=int, default=16)
+    parser.add_argument("--long-rate", type=float, default=0.2, help="long prompts per second (Poisson, fixed seed)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of long-prompt arrivals per run")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    load = Namespace(streams=args.streams, stream_tokens=args.stream_tokens, long_prompt_tokens=args.long_prompt_tokens,
+                     long_output=args.long_output, long_rate=args.long_rate, duration=args.duration,
+                     slo_ttft_ms=1e9, slo_itl_ms=1e9)
+    print(f"long prompts arrive at {[round(at, 1) for at, _ in long_prompts(load)]} s", flush=True)
+    rounds: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    for index in range(args.rounds):
+        for setting in (SETTINGS if index % 2 == 0 else SETTINGS[::-1]):
+            result = one_round(setting, args, load)
+            result["round"] = index
+            rounds[setting].append(result)
+            print(setting, index, {k: result[k] for k in (*SUMMARY_KEYS, "cpu_seconds", "failed")}, flush=True)
+    summaries = {name: summary(results) for name, results in rounds.items()}
+    print(table(summaries))
+    if args.json:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "started_utc": began, "commit": commit, "machine": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "load": vars(load), "settings": {k: v for k, v in vars(args).items() if k != "json"},
+            "summary": summaries, "rounds": rounds}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
