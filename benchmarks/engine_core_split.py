@@ -1,6 +1,6 @@
 """The engine core in its own process against the engine on a thread of the server's process, under the load that
-stalls it: --streams streams decoding while --long-prompt-tokens-word prompts arrive (disagg_vs_colocated.py's
-load, colocated).
+stalls it: --streams streams decoding while prompts of --long-prompt-tokens words arrive (disagg_vs_colocated.py's
+load, colocated, shortened to fit a few minutes).
 
     flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/engine_core_split.py \
         --json benchmarks/results/engine_core_split/engine_core_split.json
@@ -9,9 +9,14 @@ In one process, the server's event loop tokenises each long prompt (tens of ms o
 while the engine thread waits for the GIL between its kernels; with `--engine-core process` the engine steps in a
 process of its own and the tokenising only competes for a core. Each round starts a fresh `ridgeline serve` per
 setting, alternating the order (thread, process; process, thread; ...) so drift in the machine falls on both
-alike, and runs the same load (arrivals and prompts from fixed seeds). Reported per setting: the median over its
-rounds of the streams' ITL p50 and p99, the long prompts' TTFT, output tok/s, and the CPU seconds each process
-(the server; the engine core) spent during the load, from /proc.
+alike, and runs the same load: the streams (closed loop, fixed seeds) decode, and --long-count long prompts
+are sent one after another, each --long-gap seconds after the previous one's answer; the streams go on until
+the last one is answered.
+
+Reported per setting, the median over its rounds of: the streams' ITL p50 and p99; the *arrival gap*, the stream
+gap during which a long prompt was sent (where tokenising it lands, before any of its prefill: in one process it
+holds the engine's GIL), against the plain decode gap (gaps before the first long prompt); the long prompts' TTFT;
+output tok/s; and the CPU seconds each process (the server; the engine core) spent during the load, from /proc.
 """
 
 import argparse
@@ -19,6 +24,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -26,8 +32,13 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+import httpx
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from disagg_vs_colocated import long_prompts, run_load, start  # noqa: E402
+from disagg_vs_colocated import start, words  # noqa: E402
+
+from ridgeline.bench.bench_serve import BenchServeConfig, Prompt, send_request  # noqa: E402
 
 SETTINGS = ("thread", "process")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -47,6 +58,65 @@ def core_pid(server_pid: int) -> int | None:
         if b"spawn_main" in command and b"resource_tracker" not in command:
             return int(pid)
     return None
+
+
+def ms(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q) * 1e3) if values else None
+
+
+async def run_load(url: str, load: Namespace) -> dict:
+    config = BenchServeConfig(base_url=url)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800.0)) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        longs_done = asyncio.Event()
+        epoch = time.perf_counter()
+
+        async def timed(prompt: Prompt):
+            sent = time.perf_counter() - epoch
+            return sent, await send_request(client, config, model, prompt)
+
+        async def stream(index: int) -> list:
+            rng, results = random.Random(1000 + index), []
+            while not longs_done.is_set():
+                results.append(await timed(Prompt(words(48, rng), load.stream_tokens)))
+            return results
+
+        async def long_prompts() -> list:
+            """One after another, each --long-gap seconds after the last was answered: every one arrives while only
+            the streams decode, so the gap it lands in holds its tokenising and nothing of another's prefill."""
+            done = []
+            for index in range(load.long_count):
+                await asyncio.sleep(load.long_gap)
+                done.append(await timed(Prompt(words(load.long_prompt_tokens, random.Random(index)), load.long_output)))
+            return done
+
+        streams = [asyncio.create_task(stream(i)) for i in range(load.streams)]
+        timed_longs = await long_prompts()
+        longs_done.set()
+        timed_streams = [r for results in await asyncio.gather(*streams) for r in results]
+        duration = time.perf_counter() - epoch
+    first_long = min(sent for sent, _ in timed_longs)
+    gaps, arrival, plain = [], [], []
+    for sent, r in timed_streams:
+        if not r.ok:
+            continue
+        for begin, end in zip(r.chunk_times_s, r.chunk_times_s[1:]):
+            begin, end = sent + begin, sent + end
+            gaps.append(end - begin)
+            if any(begin <= at < end for at, _ in timed_longs):
+                arrival.append(end - begin)
+            elif end < first_long:
+                plain.append(end - begin)
+    longs = [r for _, r in timed_longs]
+    results = [r for _, r in timed_streams] + longs
+    return {
+        "stream_itl_p50_ms": ms(gaps, 50), "stream_itl_p99_ms": ms(gaps, 99),
+        "arrival_gap_p50_ms": ms(arrival, 50), "arrival_gap_max_ms": ms(arrival, 100), "arrival_gaps": len(arrival),
+        "plain_decode_gap_p50_ms": ms(plain, 50),
+        "long_ttft_p50_ms": ms([r.ttft_s for r in longs if r.ok], 50),
+        "output_tokens_per_s": sum(r.output_tokens for r in results if r.ok) / duration,
+        "requests": len(results), "failed": sum(not r.ok for r in results), "seconds": duration,
+    }
 
 
 def one_round(setting: str, args: Namespace, load: Namespace) -> dict:
@@ -69,8 +139,8 @@ def one_round(setting: str, args: Namespace, load: Namespace) -> dict:
         process.wait(60)
 
 
-SUMMARY_KEYS = ("stream_itl_p50_ms", "stream_itl_p99_ms", "long_ttft_p50_ms", "long_ttft_p99_ms",
-                "output_tokens_per_s")
+SUMMARY_KEYS = ("stream_itl_p50_ms", "stream_itl_p99_ms", "arrival_gap_p50_ms", "arrival_gap_max_ms",
+                "plain_decode_gap_p50_ms", "long_ttft_p50_ms", "output_tokens_per_s")
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -85,11 +155,13 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def table(summaries: dict[str, dict]) -> str:
-    lines = ["| engine core | stream ITL p50 ms | p99 ms | long TTFT p50 ms | output tok/s | CPU s: server | "
-             "engine core | failed/requests |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| engine core | stream ITL p50 ms | p99 ms | arrival gap p50 ms | max | plain decode gap p50 ms | "
+             "long TTFT p50 ms | output tok/s | CPU s: server | engine core | failed/requests |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summaries.items():
         cpu = s["cpu_seconds"]
         lines.append(f"| {name} | {s['stream_itl_p50_ms']:.1f} | {s['stream_itl_p99_ms']:.1f} | "
+                     f"{s['arrival_gap_p50_ms']:.1f} | {s['arrival_gap_max_ms']:.1f} | {s['plain_decode_gap_p50_ms']:.1f} | "
                      f"{s['long_ttft_p50_ms']:,.0f} | {s['output_tokens_per_s']:.1f} | {cpu['server']:.1f} | "
                      f"{cpu.get('engine_core', 0.0):.1f} | {s['failed']}/{s['requests']} |")
     return "\n".join(lines)
@@ -105,14 +177,12 @@ def main() -> None:
     parser.add_argument("--stream-tokens", type=int, default=128)
     parser.add_argument("--long-prompt-tokens", type=int, default=2000, help="words of each long prompt")
     parser.add_argument("--long-output", type=int, default=16)
-    parser.add_argument("--long-rate", type=float, default=0.2, help="long prompts per second (Poisson, fixed seed)")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds of long-prompt arrivals per run")
+    parser.add_argument("--long-count", type=int, default=2, help="long prompts per run")
+    parser.add_argument("--long-gap", type=float, default=2.0, help="seconds of decoding alone before each long prompt")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     load = Namespace(streams=args.streams, stream_tokens=args.stream_tokens, long_prompt_tokens=args.long_prompt_tokens,
-                     long_output=args.long_output, long_rate=args.long_rate, duration=args.duration,
-                     slo_ttft_ms=1e9, slo_itl_ms=1e9)
-    print(f"long prompts arrive at {[round(at, 1) for at, _ in long_prompts(load)]} s", flush=True)
+                     long_output=args.long_output, long_count=args.long_count, long_gap=args.long_gap)
     rounds: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     began = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     for index in range(args.rounds):
