@@ -95,7 +95,7 @@ async def run_load(url: str, load: Namespace) -> dict:
         longs_done.set()
         timed_streams = [r for results in await asyncio.gather(*streams) for r in results]
         duration = time.perf_counter() - epoch
-    first_long = min(sent for sent, _ in timed_longs)
+    busy = [(at, at + r.e2e_s if r.ok else duration) for at, r in timed_longs]  # a long prompt sent, not yet answered
     gaps, arrival, plain = [], [], []
     for sent, r in timed_streams:
         if not r.ok:
@@ -105,7 +105,7 @@ async def run_load(url: str, load: Namespace) -> dict:
             gaps.append(end - begin)
             if any(begin <= at < end for at, _ in timed_longs):
                 arrival.append(end - begin)
-            elif end < first_long:
+            elif not any(begin < until and end > since for since, until in busy):
                 plain.append(end - begin)
     longs = [r for _, r in timed_longs]
     results = [r for _, r in timed_streams] + longs
@@ -143,8 +143,13 @@ SUMMARY_KEYS = ("stream_itl_p50_ms", "stream_itl_p99_ms", "arrival_gap_p50_ms", 
                 "plain_decode_gap_p50_ms", "long_ttft_p50_ms", "output_tokens_per_s")
 
 
+def median(values) -> float | None:
+    known = [value for value in values if value is not None]  # None: no sample of that kind in a round
+    return statistics.median(known) if known else None
+
+
 def summary(rounds: list[dict]) -> dict:
-    out = {key: statistics.median(r[key] for r in rounds) for key in SUMMARY_KEYS}
+    out = {key: median(r[key] for r in rounds) for key in SUMMARY_KEYS}
     out["cpu_seconds"] = {name: statistics.median(r["cpu_seconds"][name] for r in rounds)
                           for name in rounds[0]["cpu_seconds"]}
     out["cpu_per_wall"] = {name: statistics.median(r["cpu_per_wall"][name] for r in rounds)
@@ -154,16 +159,21 @@ def summary(rounds: list[dict]) -> dict:
     return out
 
 
+def fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
 def table(summaries: dict[str, dict]) -> str:
     lines = ["| engine core | stream ITL p50 ms | p99 ms | arrival gap p50 ms | max | plain decode gap p50 ms | "
              "long TTFT p50 ms | output tok/s | CPU s: server | engine core | failed/requests |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in summaries.items():
         cpu = s["cpu_seconds"]
-        lines.append(f"| {name} | {s['stream_itl_p50_ms']:.1f} | {s['stream_itl_p99_ms']:.1f} | "
-                     f"{s['arrival_gap_p50_ms']:.1f} | {s['arrival_gap_max_ms']:.1f} | {s['plain_decode_gap_p50_ms']:.1f} | "
-                     f"{s['long_ttft_p50_ms']:,.0f} | {s['output_tokens_per_s']:.1f} | {cpu['server']:.1f} | "
-                     f"{cpu.get('engine_core', 0.0):.1f} | {s['failed']}/{s['requests']} |")
+        lines.append(f"| {name} | {fmt(s['stream_itl_p50_ms'])} | {fmt(s['stream_itl_p99_ms'])} | "
+                     f"{fmt(s['arrival_gap_p50_ms'])} | {fmt(s['arrival_gap_max_ms'])} | "
+                     f"{fmt(s['plain_decode_gap_p50_ms'])} | {fmt(s['long_ttft_p50_ms'])} | "
+                     f"{fmt(s['output_tokens_per_s'])} | {cpu['server']:.1f} | {cpu.get('engine_core', 0.0):.1f} | "
+                     f"{s['failed']}/{s['requests']} |")
     return "\n".join(lines)
 
 
@@ -191,15 +201,21 @@ def main() -> None:
             result["round"] = index
             rounds[setting].append(result)
             print(setting, index, {k: result[k] for k in (*SUMMARY_KEYS, "cpu_seconds", "failed")}, flush=True)
+            if args.json:  # after every round: a run cut short keeps what it measured
+                save(args, load, began, rounds, None)
     summaries = {name: summary(results) for name, results in rounds.items()}
     print(table(summaries))
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({
-            "started_utc": began, "commit": commit, "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "load": vars(load), "settings": {k: v for k, v in vars(args).items() if k != "json"},
-            "summary": summaries, "rounds": rounds}, indent=2))
+        save(args, load, began, rounds, summaries)
+
+
+def save(args: argparse.Namespace, load: Namespace, began: str, rounds: dict, summaries: dict | None) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({
+        "started_utc": began, "commit": commit, "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "load": vars(load), "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "summary": summaries, "rounds": rounds}, indent=2))
 
 
 if __name__ == "__main__":
