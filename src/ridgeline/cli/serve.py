@@ -57,8 +57,10 @@ def serve_command(
     max_reprefills: int = MAX_REPREFILLS,
     router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
+    engine_core: str = typer.Option("thread", "--engine-core", help="thread: the engine steps on a thread of the server's process. process: in a process of its own, driven over ZeroMQ, so tokenising, templating and HTTP never hold its GIL (docs/engine_core.md); a killed core fails its requests with 503 and is restarted. Not with --role prefill/decode, Ray workers or --router."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (as `ridgeline measure` cached it, else a napkin estimate labelled NOT MEASURED; never measured here)."),
 ) -> None:
+    _check_engine_core(engine_core, role, router, prefill_workers or decode_workers)
     if tenants is not None:
         from ridgeline.tenancy.config import load_tenants
 
@@ -121,10 +123,18 @@ def serve_command(
         hardware=hardware,
     )
     console = Console(stderr=True)
-    with console.status("loading model"):
-        engine = LLMEngine(config)
+    if engine_core == "process":
+        from ridgeline.server.engine_core.process import CoreProcess
+
+        engine = CoreProcess(config)
+        with console.status("loading model in the engine core's process"):
+            ready = engine.start()  # the core faults its KV pool in itself, once loaded
+        console.print(f"engine core: process {ready.pid}", highlight=False)
+    else:
+        with console.status("loading model"):
+            engine = LLMEngine(config)
+        engine.populate_kv_in_background()  # the pool's pages faulted in while cores idle, not in the first steps
     console.print(engine.capacity_report, highlight=False)
-    engine.populate_kv_in_background()  # the pool's pages faulted in while cores idle, not in the first bursts' steps
     target = config.scheduler.itl_target
     console.print(f"step budget: {config.scheduler.max_num_batched_tokens} tokens; "
                   + (f"{target.describe()} caps prefill beside decodes" if target else "no ITL target"), highlight=False)
@@ -133,6 +143,28 @@ def serve_command(
     app = create_app(engine, server_config)
     console.print(startup_clock.describe(startup_clock.process_seconds()), highlight=False, soft_wrap=True)
     run_server(app, server_config)
+
+
+ENGINE_CORES = ("thread", "process")
+
+
+def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_workers: int) -> None:
+    """--engine-core process runs the one-model colocated server; what reads the engine from the server's own
+    process (a prefill worker's KV source, a decode worker's KV intake) or runs engines elsewhere is refused here,
+    before anything loads."""
+    from ridgeline.errors import RidgelineError
+
+    if engine_core not in ENGINE_CORES:
+        raise RidgelineError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
+    if engine_core == "thread":
+        return
+    if role != "both":
+        raise RidgelineError(f"--engine-core process serves --role both only, not --role {role} (the KV hand-off "
+                             "reads the engine's pages from the server's process)")
+    if router is not None:
+        raise RidgelineError("--engine-core process is not supported with --router (its workers run their own engines)")
+    if ray_workers:
+        raise RidgelineError("--engine-core process is not supported with --prefill-workers/--decode-workers (Ray)")
 
 
 def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int, decode_workers: int,

@@ -16,7 +16,9 @@ MAX_SAMPLES = 50_000  # per window, whatever the traffic: the percentiles stay c
 
 class DashboardFeed:
     def __init__(self, engine, window_s: float = 60.0, view_interval_s: float = 0.25,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, view: EngineView | None = None):
+        # engine None: the engine steps in another process, which sends its views (observe's `view`), starting with
+        # `view`; the latencies are still kept here, from the outputs that arrive.
         self.engine = engine
         self.window_s = window_s
         self.view_interval_s = view_interval_s
@@ -24,12 +26,13 @@ class DashboardFeed:
         self._ttfts: deque[tuple[float, float]] = deque(maxlen=MAX_SAMPLES)  # (finish time, seconds)
         self._itls: deque[tuple[float, float]] = deque(maxlen=MAX_SAMPLES)
         self._lock = threading.Lock()
-        self._view = engine_view(engine)
+        self._view = engine_view(engine) if engine is not None else view
         self._view_time = clock()
 
     # ---- engine thread
-    def observe(self, outputs: list) -> None:
-        """After a step, on the engine thread, with the step's outputs."""
+    def observe(self, outputs: list, view: EngineView | None = None) -> None:
+        """After a step, on the engine thread, with the step's outputs (and, for an engine in another process, the
+        view it sent, if any)."""
         now = self.clock()
         finished = [output.timings for output in outputs if output.finished and output.timings.ttft is not None]
         if finished:
@@ -37,7 +40,10 @@ class DashboardFeed:
                 for timings in finished:
                     self._ttfts.append((now, timings.ttft))
                     self._itls.extend((now, gap) for gap in timings.itls)
-        if now - self._view_time >= self.view_interval_s or not self.engine.has_work():
+        if self.engine is None:
+            if view is not None:
+                self._view, self._view_time = view, now
+        elif now - self._view_time >= self.view_interval_s or not self.engine.has_work():
             self._view = engine_view(self.engine)  # one reference swap: readers see the old or the new view
             self._view_time = now
 

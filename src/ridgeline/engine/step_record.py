@@ -193,6 +193,13 @@ class StepRecorder:
             self._steps.append(step)
         return step
 
+    def keep(self, step: StepRecord) -> None:
+        """Keep a record another recorder made (an engine core in its own process ships its steps to the API
+        process's copy, which the dashboard reads): its index stays the one it was given."""
+        with self._lock:
+            self._steps.append(step)
+            self._next_index = step.index + 1
+
     @property
     def num_recorded(self) -> int:
         return self._next_index

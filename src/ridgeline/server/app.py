@@ -16,13 +16,15 @@ from ridgeline.dashboard.feed import DashboardFeed
 from ridgeline.dashboard.worker import LocalWorker
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.hardware import THIS_MACHINE
-from ridgeline.server.async_engine import AsyncEngine
+from ridgeline.server.async_engine import AsyncEngine, EngineFront
 from ridgeline.server.chat import create_chat_completion
 from ridgeline.server.chat_tools import chat_prompt_ids
 from ridgeline.server.completions import create_completion
 from ridgeline.server.dashboard import install_dashboard
 from ridgeline.server.disaggregation import ROLES, WorkerRole
 from ridgeline.server.disaggregation_messages import KVLookupAnswer, TokenizeAnswer
+from ridgeline.server.engine_core.client import ProcessEngine
+from ridgeline.server.engine_core.process import CoreProcess
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.kv_intake import MAX_KV_WAITING
 from ridgeline.server.metrics import ServerMetrics
@@ -69,15 +71,24 @@ class ServerConfig:
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
-    """`engine` is a ready LLMEngine; the app drives it from its own thread between startup and shutdown."""
+    """`engine` is a ready LLMEngine, which the app drives from its own thread between startup and shutdown; or a
+    started CoreProcess (server/engine_core/), whose engine steps in a process of its own."""
     if config.role not in ROLES:
         raise RidgelineError(f"unknown role {config.role!r} (choose from {', '.join(ROLES)})")
     model_name = config.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
-    feed = DashboardFeed(engine)
-    driver = AsyncEngine(engine, metrics, engine.config.scheduler.max_num_seqs, config.max_waiting,
-                         kv_transport=ZmqTransport() if config.role == "decode" else None, feed=feed,
-                         max_kv_waiting=config.max_kv_waiting)
+    max_num_seqs = engine.config.scheduler.max_num_seqs
+    driver: EngineFront
+    if isinstance(engine, CoreProcess):
+        if config.role != "both":  # a prefill worker's KV source and a decode worker's intake read the engine here
+            raise RidgelineError(f"--role {config.role} needs the engine in this process (--engine-core thread)")
+        feed = DashboardFeed(None, view=engine.ready.view)
+        driver = ProcessEngine(engine, metrics, max_num_seqs, config.max_waiting, feed=feed)
+    else:
+        feed = DashboardFeed(engine)
+        driver = AsyncEngine(engine, metrics, max_num_seqs, config.max_waiting,
+                             kv_transport=ZmqTransport() if config.role == "decode" else None, feed=feed,
+                             max_kv_waiting=config.max_kv_waiting)
     role = WorkerRole(config.role)
     kv_server: ZmqKVServer | None = None
     tenants = TenantGate(config.tenants_file, config.usage_db, config.api_key) if config.tenants_file else None

@@ -20,7 +20,7 @@ from ridgeline.server.errors import APIError
 from ridgeline.server.kv_intake import MAX_KV_WAITING, KVIntake
 from ridgeline.server.metrics import ServerMetrics
 
-__all__ = ["AsyncEngine", "EngineDeadError", "Submission"]
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineFront", "Submission"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PublishingLock:
 class Submission:
     """The engine requests behind one HTTP request (one per choice) and the queue their outputs arrive on."""
 
-    def __init__(self, driver: "AsyncEngine", request_ids: list[str]):
+    def __init__(self, driver: "EngineFront", request_ids: list[str]):
         self._driver = driver
         self.request_ids = request_ids
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -109,40 +109,39 @@ class Submission:
         self._unfinished.clear()
 
 
-class AsyncEngine:
-    def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int,
-                 kv_transport: KVTransport | None = None, feed=None, max_kv_waiting: int = MAX_KV_WAITING):
-        self.engine = engine
+class EngineFront:
+    """What every driver of an engine shares on the event loop: the admission bound and its 503s, the submissions
+    in flight and their drain on shutdown, and one hop per step from the driver's thread to the loop.
+
+    `self.driver` is anything with EngineThread's submitting interface (start, alive, error, capacity,
+    submit(routed), send(messages), stop()): the engine thread in this process (AsyncEngine), or the client of an
+    engine core in a process of its own (server/engine_core/client.py)."""
+
+    driver: object
+    kv_intake: KVIntake
+    snapshot: "EngineSnapshot"
+
+    def __init__(self, metrics: ServerMetrics):
         self.metrics = metrics
-        self.feed = feed  # the dashboard's DashboardFeed: sees every step's outputs on the engine thread
-        # Admission bound: at most max_num_seqs running plus max_waiting queued; past it, 503.
-        self.thread = EngineThread(engine, "ridgeline-engine", capacity=max_num_seqs + max_waiting,
-                                   deliver=self._deliver_soon, observers=[self._observe])
-        # Held around every engine call on the engine thread, and by anything else that must touch the engine (a
-        # prefill worker's KV source reading held pages from its own thread).
-        self.engine_lock = self.thread.engine_lock
-        self.kv_intake = KVIntake(kv_transport, metrics, max_kv_waiting)  # a decode worker's ReceiveKV
-        self.kv_intake.install(self.thread)
-        # What /metrics (and anything else on the event loop) reads: swapped whole by publish(), never the engine
-        # itself, so a scrape never waits for the lock a long step holds.
-        self.snapshot = self._take_snapshot()
         self.accepting = True
         self._submissions: set[Submission] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    # ------------------------------------------------------------ event-loop side
-
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.thread.start()
+        self.driver.start()
 
     @property
     def healthy(self) -> bool:
-        return self.thread.alive
+        return self.driver.alive
 
     @property
     def error(self) -> str | None:
-        return self.thread.error
+        return self.driver.error
+
+    @property
+    def num_submissions(self) -> int:
+        return len(self._submissions)
 
     def submit(self, requests: list[AddRequest | ReceiveKV]) -> Submission:
         """Queue all choices of one HTTP request, or none: 503 when shutting down, dead, or over capacity."""
@@ -152,22 +151,23 @@ class AsyncEngine:
         routed = [(request, lambda item, i=index: submission.arrive(i, item)) for index, request in enumerate(requests)]
         self.kv_intake.accept(requests)  # a decode worker's: its leases kept alive from now (or a 503 if full)
         try:
-            self.thread.submit(routed)
+            self.driver.submit(routed)
         except BaseException as refused:
             self.kv_intake.withdraw(requests)
             if not isinstance(refused, EngineRefused):
                 raise
             if refused.full:
-                raise APIError(503, f"server is at capacity ({self.thread.capacity} requests in flight); retry later",
+                raise APIError(503, f"server is at capacity ({self.driver.capacity} requests in flight); retry later",
                                code="server_overloaded", headers={"Retry-After": "1"}) from None
-            raise APIError(503, f"engine is not running: {self.error or 'stopped'}", code="engine_dead") from None
+            raise APIError(503, f"engine is not running: {self.error or 'stopped'}", code="engine_dead",
+                           headers={"Retry-After": "1"}) from None
         self._submissions.add(submission)
         return submission
 
     def _release(self, submission: Submission, aborting: list[str]) -> None:
         self._submissions.discard(submission)
         if aborting:
-            self.thread.send([AbortRequest(request_id) for request_id in aborting])
+            self.driver.send([AbortRequest(request_id) for request_id in aborting])
 
     async def drain(self, drain_timeout: float) -> None:
         """Stop accepting (503 shutting_down), let in-flight requests finish for up to drain_timeout seconds, then
@@ -182,15 +182,46 @@ class AsyncEngine:
             submission.close()
 
     async def shutdown(self, drain_timeout: float) -> None:
-        """drain(), then stop the engine thread."""
+        """drain(), then stop the driver (the engine thread, or the engine core's process)."""
         await self.drain(drain_timeout)
-        await asyncio.to_thread(self.thread.stop)
+        await asyncio.to_thread(self.driver.stop)
         self.kv_intake.close()
 
     def _deliver_soon(self, deliveries: list[Delivery]) -> None:
-        """From the engine thread: one hop to the event loop per step, where the queues live."""
+        """From the driver's thread: one hop to the event loop per step, where the queues live."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(run_sinks, deliveries)
+
+    def observe_step(self, outputs: list, snapshot: "EngineSnapshot") -> None:
+        """After every step, on the driver's thread: the gauges from the step's snapshot, the finished requests'
+        counters."""
+        self.snapshot = snapshot
+        self.metrics.observe_engine(snapshot.stats)
+        self.metrics.kv_held_requests.set(snapshot.num_held)
+        for output in outputs:
+            if output.finished:
+                self.metrics.observe_finished(output)
+
+
+class AsyncEngine(EngineFront):
+    """The engine stepped by a thread of this process (engine/engine_thread.py)."""
+
+    def __init__(self, engine, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int,
+                 kv_transport: KVTransport | None = None, feed=None, max_kv_waiting: int = MAX_KV_WAITING):
+        super().__init__(metrics)
+        self.engine = engine
+        self.feed = feed  # the dashboard's DashboardFeed: sees every step's outputs on the engine thread
+        # Admission bound: at most max_num_seqs running plus max_waiting queued; past it, 503.
+        self.driver = self.thread = EngineThread(engine, "ridgeline-engine", capacity=max_num_seqs + max_waiting,
+                                                 deliver=self._deliver_soon, observers=[self._observe])
+        # Held around every engine call on the engine thread, and by anything else that must touch the engine (a
+        # prefill worker's KV source reading held pages from its own thread).
+        self.engine_lock = self.thread.engine_lock
+        self.kv_intake = KVIntake(kv_transport, metrics, max_kv_waiting)  # a decode worker's ReceiveKV
+        self.kv_intake.install(self.thread)
+        # What /metrics (and anything else on the event loop) reads: swapped whole by publish(), never the engine
+        # itself, so a scrape never waits for the lock a long step holds.
+        self.snapshot = self._take_snapshot()
 
     # ------------------------------------------------------------ engine-thread side (or engine_lock held)
 
@@ -203,17 +234,17 @@ class AsyncEngine:
     def publish(self) -> None:
         """Take a new snapshot of the engine and set the engine gauges from it. Only with engine_lock held: after
         every step on the engine thread, and by engine_access()."""
-        self.snapshot = self._take_snapshot()
-        self.metrics.observe_engine(self.snapshot.stats)
-        self.metrics.kv_held_requests.set(self.snapshot.num_held)
+        self.observe_step([], self._take_snapshot())
 
     def _take_snapshot(self) -> EngineSnapshot:
-        return EngineSnapshot(self.engine.stats(), len(self.engine.scheduler.held), time.monotonic())
+        return take_snapshot(self.engine)
 
     def _observe(self, outputs: list) -> None:
         if self.feed is not None:  # the dashboard's view of the engine, taken under its lock
             self.feed.observe(outputs)
-        self.publish()
-        for output in outputs:
-            if output.finished:
-                self.metrics.observe_finished(output)
+        self.observe_step(outputs, self._take_snapshot())
+
+
+def take_snapshot(engine) -> EngineSnapshot:
+    """Only on the thread that steps `engine` (or with its lock held)."""
+    return EngineSnapshot(engine.stats(), len(engine.scheduler.held), time.monotonic())

@@ -18,7 +18,7 @@ from ridgeline.engine.admission import Admission
 from ridgeline.engine.messages import ReceiveKV
 from ridgeline.errors import RidgelineError
 from ridgeline.model.tokenizer.base import Tokenizer
-from ridgeline.server.async_engine import AsyncEngine, Submission
+from ridgeline.server.async_engine import EngineFront, Submission
 from ridgeline.server.client_watch import ClientLeft, DeadlinePassed, while_client_waits
 from ridgeline.server.deadline import Deadline, deadline_error, request_deadline
 from ridgeline.server.disaggregation import WorkerRole
@@ -32,7 +32,7 @@ request_logger = logging.getLogger("ridgeline.server.requests")
 
 @dataclass
 class ServingContext:
-    engine: AsyncEngine
+    engine: EngineFront  # AsyncEngine (an engine thread here), or an engine core in its own process
     tokenizer: Tokenizer
     admission: Admission  # the engine's one admission check (pure: safe to call on the event loop)
     model_name: str
