@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from ridgeline.engine.block_manager import BlockManager, longest_fitting_sequence
+from ridgeline.engine.block_manager import BlockManager, longest_fitting_sequence, resume_position
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import RidgelineError
 
@@ -238,14 +238,15 @@ class Scheduler:
             raise RidgelineError(f"request id {seq.request_id!r} is already in use")
         if len(self.running) + len(self._receiving) >= self.config.max_num_seqs:
             return False
-        cached = self.block_manager.find_cached_prefix(seq)
+        cached = self.block_manager.find_cached_prefix(seq, computed_elsewhere=True)
         num_cached = len(cached[0]) * self.block_manager.block_size if cached else 0
         if not self.block_manager.allocate(seq, seq.num_prompt_tokens - num_cached, cached):
             return False
         if self.block_manager.prefix_cache is not None:
             self.block_manager.prefix_cache.record_lookup(seq.num_prompt_tokens, num_cached)
         seq.num_cached_tokens = seq.num_computed_tokens = num_cached
-        self.block_manager.release_below_window(seq, seq.num_prompt_tokens)  # those blocks' KV never comes
+        # Those blocks' KV never comes; what does starts at first_kept_block, so that a repeat finds it.
+        self.block_manager.release_below_window(seq, resume_position(seq.num_prompt_tokens, self.block_manager.block_size))
         self._requests[seq.request_id] = seq
         self._receiving[seq.request_id] = seq
         return True
@@ -476,7 +477,8 @@ class Scheduler:
             end = chunk.start + chunk.num_tokens
             self.num_prefilled_tokens += max(0, min(end, seq.num_prompt_tokens) - chunk.start)
             # Pages filled by this pass become hits for later requests (not earlier: their KV was not written).
-            self.block_manager.mark_computed(seq, end)
+            # A prefill worker's sequence keeps what a repeat of its prompt needs on the engine its pages go to.
+            self.block_manager.mark_computed(seq, end, keep_for_transfer=seq.hold_kv)
             if end >= seq.num_prompt_tokens and seq.request_id in self._pending_forks:
                 self._release_forks(seq)  # before seq can finish below and free the pages its forks share
             if token_id is None:
