@@ -24,6 +24,10 @@ every priority equal (the default, 0) each of these is exactly the first-come-fi
 With ageing on (SchedulerConfig.priority_aging_steps) every waiting request gains a priority level each that many
 steps, which bounds how long a low priority can be kept out by later, higher-priority arrivals.
 
+A waiting request whose next uncached block a running sequence is about to compute (the same prompt, sent twice
+at once) is not admitted until that sequence has computed it: it then finds it in the prefix cache, so one prompt
+is prefilled once however many requests carry it (see _prefix_in_flight).
+
 No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
 """
 
@@ -318,6 +322,8 @@ class Scheduler:
         # the head that preempted lower-priority sequences to get in.
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
+            if self._prefix_in_flight(seq):
+                break  # the head waits for a running sequence to compute its prefix (see _prefix_in_flight)
             if len(self.running) >= self.config.max_num_seqs:
                 refund = self._preempt_lower(seq, scheduled, preempted)
                 if refund is None:
@@ -354,6 +360,26 @@ class Scheduler:
             predicted = self.step_cost([chunk.step_chunk for chunk in chunks])
             step_budget = StepBudget(step_budget.prefill_limit, step_budget.target_s, predicted)
         return SchedulerOutput(chunks=chunks, preempted=preempted, budget=step_budget)
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether a running sequence has yet to compute the next block of seq's tokens past what the prefix cache
+        holds for seq (the same tokens after the same prefix: the same chain hash). Then seq is better admitted a
+        step or more later, when that block and those after it are cached, than computing them a second time
+        alongside: two requests for one prompt arriving together, or the second during the first's prefill, pay
+        for one prefill (vLLM and SGLang wait likewise). The wait ends: running prefills are scheduled before any
+        waiting request, and a preempted one is no longer running. Hits reuse KV computed exactly as seq would
+        compute it, so no token changes."""
+        manager = self.block_manager
+        if manager.prefix_cache is None or seq.sampling_params.prompt_logprobs is not None or not self.running:
+            return False
+        bs = manager.block_size
+        block = len(manager.find_cached_prefix(seq)[0])
+        if block >= (seq.num_tokens - 1) // bs:
+            return False  # the hit already has every block a hit can have
+        end = (block + 1) * bs
+        wanted = manager.block_hashes(seq, block + 1)[block]
+        return any(other.num_computed_tokens < end <= other.num_tokens and manager.block_hashes(other, block + 1)[block] == wanted
+                   for other in self.running)
 
     def _schedule_running(self, seqs: list[Sequence], budget: int, scheduled: dict[Sequence, ScheduledChunk],
                           preempted: list[Sequence], now: float) -> int:
