@@ -30,7 +30,7 @@ import httpx
 from ridgeline.bench.bench_serve import FILLER_WORDS
 
 LOG_DIR = Path("/tmp/disagg-prefix-reuse-logs")
-METRIC = "ridgeline_kv_transfer_pages_received"
+METRIC = "ridgeline_kv_transfer_pages_received_total"  # a Prometheus counter
 
 
 def start(args: list[str], env: dict[str, str], log_name: str) -> tuple[subprocess.Popen, str]:
