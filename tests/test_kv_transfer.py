@@ -130,6 +130,55 @@ def test_bytes_moved_are_the_uncached_pages_and_sliding_groups_move_only_their_w
     assert_no_pages_leaked(prefill_engine, decode_engine)
 
 
+def test_a_prompt_longer_than_the_window_is_found_again_after_its_transfer(model):
+    """Issue 32, item 2. A repeat of a prompt is a hit of at most N - 1 tokens, in whole blocks, so its first query
+    can sit a block lower than the original's next one and reads one sliding block further back. A 40-token prompt
+    (10 blocks of 4, window 8): its next query reads blocks 8 and 9 of a sliding group, a repeat resuming at token
+    36 reads block 7 too. That block moves with the rest, so the decode side finds the whole prompt again: a repeat
+    prefills one block there, and a transfer of it moves no page. A prompt sharing 9 blocks moves only its tenth."""
+    prompt = [(7 * i) % 250 + 5 for i in range(40)]
+    shares_36 = prompt[:36] + [1, 2, 3, 4]
+    colocated = engine(model)
+    for index, each in enumerate([prompt, shares_36]):
+        colocated.add_request(f"c{index}", each, GREEDY)
+    expected = run(colocated)
+    # Colocated, a repeat after the pages were released (below the window during its prefill, the rest when it
+    # finished) hits all but its last block too.
+    before = colocated.stats().num_prefilled_tokens
+    assert colocated.cached_prefix_tokens(prompt) == 36
+    colocated.add_request("c-again", prompt, GREEDY)
+    assert run(colocated)["c-again"] == expected["c0"]
+    assert colocated.stats().num_prefilled_tokens - before == 4
+
+    prefill_engine, decode_engine = engine(model), engine(model)
+    source, transport = KVSource(prefill_engine), InProcessTransport()
+    transport.serve("p", source)
+    windows = decode_engine.kv_layout().windows
+    received = receive(decode_engine, transport, "p", "a", decode_engine.admission.admit(prompt, GREEDY),
+                       prefill(prefill_engine, source, "a", prompt))
+    assert first_readable_block(len(prompt), WINDOW, BLOCK) == 8  # what moved before: blocks 8 and 9
+    assert received.pages_moved == 10 + 3 + 3 and windows == (None, WINDOW, WINDOW)
+    assert run(decode_engine)["a"] == expected["c0"]
+
+    assert decode_engine.cached_prefix_tokens(prompt) == 36  # what /v1/kv/lookup answers a front: prefill here
+    before = decode_engine.stats().num_prefilled_tokens
+    decode_engine.add_request("a-again", prompt, GREEDY)
+    assert run(decode_engine)["a-again"] == expected["c0"]
+    assert decode_engine.stats().num_prefilled_tokens - before == 4
+    # Sent over anyway, the repeat's pages are all there already.
+    received = receive(decode_engine, transport, "p", "a-sent", decode_engine.admission.admit(prompt, GREEDY),
+                       prefill(prefill_engine, source, "a-sent", prompt))
+    assert (received.pages_moved, received.pages_cached) == (0, 16)
+    assert run(decode_engine)["a-sent"] == expected["c0"]
+
+    # Sharing blocks 0-8: block 9 of each group moves; blocks 7 and 8 of the sliding groups are the first's.
+    received = receive(decode_engine, transport, "p", "b", decode_engine.admission.admit(shares_36, GREEDY),
+                       prefill(prefill_engine, source, "b", shares_36))
+    assert (received.pages_moved, received.pages_cached) == (3, 9 + 2 + 2)
+    assert run(decode_engine)["b"] == expected["c1"]
+    assert_no_pages_leaked(prefill_engine, decode_engine)
+
+
 def test_tcp_framing_overhead_is_the_headers_alone(model):
     prefill_engine, decode_engine = engine(model), engine(model)
     source = KVSource(prefill_engine)

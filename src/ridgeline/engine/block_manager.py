@@ -31,6 +31,20 @@ def first_readable_block(num_computed: int, window: int | None, block_size: int)
     return 0 if window is None else max(0, num_computed - window + 1) // block_size
 
 
+def resume_position(num_tokens: int, block_size: int) -> int:
+    """Where a later request for these same num_tokens tokens starts computing: a prefix hit is whole blocks and
+    leaves at least the last token to compute (for its logits)."""
+    return max(0, num_tokens - 1) // block_size * block_size
+
+
+def first_kept_block(num_tokens: int, window: int | None, block_size: int) -> int:
+    """The first block worth keeping of a sequence of num_tokens computed tokens whose pages move to another engine:
+    not the first block its own next query reads, but the first one a repeat of the same tokens reads. That repeat
+    is a hit of at most num_tokens - 1 tokens in whole blocks, so its first computed query can sit up to a block
+    lower and reach one block further back. Without that block a sliding group never matches the repeat."""
+    return first_readable_block(resume_position(num_tokens, block_size), window, block_size)
+
+
 def pages_held(num_computed: int, num_new: int, window: int | None, block_size: int) -> int:
     """Pages one group's table holds while tokens [num_computed, num_computed + num_new) are computed."""
     return math.ceil((num_computed + num_new) / block_size) - first_readable_block(num_computed, window, block_size)
@@ -96,15 +110,22 @@ class BlockManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return math.ceil(num_tokens / self.block_size)
 
-    def find_cached_prefix(self, seq: Sequence) -> list[list[int]]:
+    def find_cached_prefix(self, seq: Sequence, computed_elsewhere: bool = False) -> list[list[int]]:
         """Per group, the cached pages seq can resume from (see _longest_prefix); nothing is taken yet.
 
         Never the whole sequence: its last token must be computed so there are logits to sample from.
+        `computed_elsewhere`: the prompt's tokens past the hit are not computed here; their KV arrives from another
+        engine (a KV transfer). A sliding-window group then needs no block below those the prompt keeps
+        (first_kept_block), where computing the rest here would read the window below the hit's end.
         """
         if self.prefix_cache is None:
             return [[] for _ in self.windows]
         hashes = self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size)
-        return self._longest_prefix(len(hashes), lambda group, block: self.prefix_cache.lookup((group, hashes[block])))
+        bs, kept = self.block_size, seq.num_prompt_tokens
+        first_needed = ((lambda length, window: first_kept_block(kept, window, bs)) if computed_elsewhere
+                        else (lambda length, window: first_readable_block(length * bs, window, bs)))
+        return self._longest_prefix(len(hashes), lambda group, block: self.prefix_cache.lookup((group, hashes[block])),
+                                    first_needed)
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[list[int]] | None = None) -> bool:
         """Grow seq's block tables to cover its computed tokens, then the `cached` prefix (from
@@ -134,9 +155,12 @@ class BlockManager:
                             for table in tables]
         return True
 
-    def mark_computed(self, seq: Sequence, num_computed_tokens: int) -> None:
+    def mark_computed(self, seq: Sequence, num_computed_tokens: int, keep_for_transfer: bool = False) -> None:
         """Tokens [seq.num_computed_tokens, num_computed_tokens) now have their KV written: name every page this
-        filled (so later requests can hit it), advance seq, and release the pages no later query reads."""
+        filled (so later requests can hit it), advance seq, and release the pages no later query reads.
+        `keep_for_transfer`: the prompt's pages will move to another engine, so keep them from first_kept_block
+        (one sliding block more, which a repeat of this prompt on that engine reads; kept only once the prompt's
+        last block is being computed, so never more than a chunk starting at resume_position holds)."""
         start, bs = seq.num_computed_tokens, self.block_size
         if self.prefix_cache is not None and num_computed_tokens // bs > start // bs:  # a block just filled up
             hashes = self._block_hashes(seq, num_computed_tokens // bs)
@@ -145,7 +169,10 @@ class BlockManager:
                     if table[block] != RELEASED:  # (a page released unwritten, see release_below_window)
                         self.prefix_cache.insert((group, hashes[block]), table[block])
         seq.num_computed_tokens = num_computed_tokens
-        self.release_below_window(seq, num_computed_tokens)
+        release_to = num_computed_tokens
+        if keep_for_transfer and num_computed_tokens <= seq.num_prompt_tokens:  # (only the prompt's KV moves)
+            release_to = min(num_computed_tokens, resume_position(seq.num_prompt_tokens, bs))
+        self.release_below_window(seq, release_to)
 
     def release_below_window(self, seq: Sequence, num_tokens: int) -> None:
         """Release the pages of sliding-window groups that no query at position num_tokens or later reads. Called
@@ -188,7 +215,8 @@ class BlockManager:
         same = 0
         while same < limit and parent.token_ids[same * bs : (same + 1) * bs] == child.token_ids[same * bs : (same + 1) * bs]:
             same += 1
-        tables = self._longest_prefix(same, lambda group, block: None if (page := parent.block_tables[group][block]) == RELEASED else page)
+        tables = self._longest_prefix(same, lambda group, block: None if (page := parent.block_tables[group][block]) == RELEASED else page,
+                                      lambda length, window: first_readable_block(length * bs, window, bs))
         for table in tables:
             for page in table:
                 if page != RELEASED:
@@ -205,11 +233,12 @@ class BlockManager:
                     self._drop_reference(table[block])
         seq.block_tables = []
 
-    def _longest_prefix(self, max_blocks: int, page_of: Callable[[int, int], int | None]) -> list[list[int]]:
+    def _longest_prefix(self, max_blocks: int, page_of: Callable[[int, int], int | None],
+                        first_needed: Callable[[int, int], int]) -> list[list[int]]:
         """Per group, the pages of the longest run of L <= max_blocks leading blocks a sequence can resume from
         (page_of(group, block) gives a page that holds that block's KV, or None): full-attention groups need every
-        block below L, a sliding-window group only the blocks a query at position L*bs reads (RELEASED below)."""
-        bs = self.block_size
+        block below L, a sliding-window group only those from first_needed(L, window) on (RELEASED below): the
+        blocks a query at position L*bs reads when the rest is computed here, fewer when it arrives computed."""
         length = max_blocks
         for group, window in enumerate(self.windows):
             if window is None:
@@ -222,11 +251,15 @@ class BlockManager:
             for block in range(length):
                 run = run + 1 if page_of(group, block) is not None else 0
                 runs[group].append(run)
-        while length > 0 and any(runs[g][length - 1] < length - first_readable_block(length * bs, self.windows[g], bs)
-                                 for g in sliding):
+
+        def start(group: int) -> int:
+            window = self.windows[group]
+            return 0 if window is None else min(length, first_needed(length, window))
+
+        while length > 0 and any(runs[g][length - 1] < length - start(g) for g in sliding):
             length -= 1
-        return [[page_of(group, block) if block >= first_readable_block(length * bs, window, bs) else RELEASED
-                 for block in range(length)] for group, window in enumerate(self.windows)]
+        return [[page_of(group, block) if block >= start(group) else RELEASED for block in range(length)]
+                for group in range(len(self.windows))]
 
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """seq's chained hashes of its first num_blocks full blocks: what names their pages in any engine."""

@@ -3,7 +3,8 @@ and decode): which pages a sequence holds, named by layer group, block and chain
 and written; and the layout two engines must share for the bytes to mean the same thing.
 
 Only pages a later query reads move: every block of a full-attention group, and only the window's blocks of a
-sliding-window group (the rest were released on the prefill side and are never read on the decode side). Full
+sliding-window group, plus the one below it that a repeat of the prompt reads (see first_kept_block; the rest
+were released on the prefill side and are never read on the decode side). Full
 blocks carry their sha256 chain hash (engine/prefix_cache.py): the receiver recomputes it from the prompt it
 was sent, so pages of another prompt are refused, and it skips blocks its own prefix cache already holds. The
 last, partial block has no hash and always moves. How bytes travel is cluster/kv_transfer's business.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ridgeline.engine.block_manager import RELEASED, first_readable_block
+from ridgeline.engine.block_manager import RELEASED, first_kept_block
 from ridgeline.engine.kv_cache import KVCache
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.kv_dtypes import kv_dtype
@@ -72,11 +73,12 @@ class KVManifest:
 def pages_to_move(num_tokens: int, windows: tuple[int | None, ...], block_size: int,
                   hashes: list[bytes]) -> list[PageRef]:
     """The pages a sequence of num_tokens computed tokens needs on the decode side, group by group: for each
-    group, the blocks from the first one its next query reads up to the last (partial) one."""
+    group, the blocks from first_kept_block (the first one a repeat of the prompt there reads: its next query's
+    first, or one lower) up to the last (partial) one."""
     num_blocks = -(-num_tokens // block_size)
     return [PageRef(group, block, hashes[block] if block < len(hashes) else None)
             for group, window in enumerate(windows)
-            for block in range(first_readable_block(num_tokens, window, block_size), num_blocks)]
+            for block in range(first_kept_block(num_tokens, window, block_size), num_blocks)]
 
 
 def page_tensors(kv_cache: KVCache, page: int) -> list[torch.Tensor]:

@@ -24,6 +24,10 @@ every priority equal (the default, 0) each of these is exactly the first-come-fi
 With ageing on (SchedulerConfig.priority_aging_steps) every waiting request gains a priority level each that many
 steps, which bounds how long a low priority can be kept out by later, higher-priority arrivals.
 
+A waiting request whose next uncached block a running sequence is about to compute (the same prompt, sent twice
+at once) is not admitted until that sequence has computed it: it then finds it in the prefix cache, so one prompt
+is prefilled once however many requests carry it (see _prefix_in_flight).
+
 No model code here: the caller turns a SchedulerOutput into a forward pass, or a cost model into a duration.
 """
 
@@ -33,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from ridgeline.engine.block_manager import BlockManager, longest_fitting_sequence
+from ridgeline.engine.block_manager import BlockManager, longest_fitting_sequence, resume_position
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import RidgelineError
 
@@ -238,14 +242,15 @@ class Scheduler:
             raise RidgelineError(f"request id {seq.request_id!r} is already in use")
         if len(self.running) + len(self._receiving) >= self.config.max_num_seqs:
             return False
-        cached = self.block_manager.find_cached_prefix(seq)
+        cached = self.block_manager.find_cached_prefix(seq, computed_elsewhere=True)
         num_cached = len(cached[0]) * self.block_manager.block_size if cached else 0
         if not self.block_manager.allocate(seq, seq.num_prompt_tokens - num_cached, cached):
             return False
         if self.block_manager.prefix_cache is not None:
             self.block_manager.prefix_cache.record_lookup(seq.num_prompt_tokens, num_cached)
         seq.num_cached_tokens = seq.num_computed_tokens = num_cached
-        self.block_manager.release_below_window(seq, seq.num_prompt_tokens)  # those blocks' KV never comes
+        # Those blocks' KV never comes; what does starts at first_kept_block, so that a repeat finds it.
+        self.block_manager.release_below_window(seq, resume_position(seq.num_prompt_tokens, self.block_manager.block_size))
         self._requests[seq.request_id] = seq
         self._receiving[seq.request_id] = seq
         return True
@@ -325,6 +330,8 @@ class Scheduler:
         # the head that preempted lower-priority sequences to get in.
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
+            if self._prefix_in_flight(seq):
+                break  # the head waits for a running sequence to compute its prefix (see _prefix_in_flight)
             if len(self.running) >= self.config.max_num_seqs:
                 refund = self._preempt_lower(seq, scheduled, preempted)
                 if refund is None:
@@ -362,6 +369,26 @@ class Scheduler:
             predicted = self.step_cost([chunk.step_chunk for chunk in chunks])
             step_budget = StepBudget(step_budget.prefill_limit, step_budget.target_s, predicted)
         return SchedulerOutput(chunks=chunks, preempted=preempted, budget=step_budget)
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether a running sequence has yet to compute the next block of seq's tokens past what the prefix cache
+        holds for seq (the same tokens after the same prefix: the same chain hash). Then seq is better admitted a
+        step or more later, when that block and those after it are cached, than computing them a second time
+        alongside: two requests for one prompt arriving together, or the second during the first's prefill, pay
+        for one prefill (vLLM and SGLang wait likewise). The wait ends: running prefills are scheduled before any
+        waiting request, and a preempted one is no longer running. Hits reuse KV computed exactly as seq would
+        compute it, so no token changes."""
+        manager = self.block_manager
+        if manager.prefix_cache is None or seq.sampling_params.prompt_logprobs is not None or not self.running:
+            return False
+        bs = manager.block_size
+        block = len(manager.find_cached_prefix(seq)[0])
+        if block >= (seq.num_tokens - 1) // bs:
+            return False  # the hit already has every block a hit can have
+        end = (block + 1) * bs
+        wanted = manager.block_hashes(seq, block + 1)[block]
+        return any(other.num_computed_tokens < end <= other.num_tokens and manager.block_hashes(other, block + 1)[block] == wanted
+                   for other in self.running)
 
     def _schedule_running(self, seqs: list[Sequence], budget: int, scheduled: dict[Sequence, ScheduledChunk],
                           preempted: list[Sequence], now: float) -> int:
@@ -485,7 +512,8 @@ class Scheduler:
             end = chunk.start + chunk.num_tokens
             self.num_prefilled_tokens += max(0, min(end, seq.num_prompt_tokens) - chunk.start)
             # Pages filled by this pass become hits for later requests (not earlier: their KV was not written).
-            self.block_manager.mark_computed(seq, end)
+            # A prefill worker's sequence keeps what a repeat of its prompt needs on the engine its pages go to.
+            self.block_manager.mark_computed(seq, end, keep_for_transfer=seq.hold_kv)
             if end >= seq.num_prompt_tokens and seq.request_id in self._pending_forks:
                 self._release_forks(seq)  # before seq can finish below and free the pages its forks share
             if token_id is None:
