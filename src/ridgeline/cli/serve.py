@@ -57,6 +57,7 @@ def serve_command(
     max_reprefills: int = MAX_REPREFILLS,
     router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
+    usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="This machine's price, US dollars an hour: /metrics and the dashboard show its live $ per million tokens at it."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (measured once, cached)."),
 ) -> None:
     if tenants is not None:
@@ -119,6 +120,7 @@ def serve_command(
         kv_link_bytes_per_second=kv_link_rate,
         max_kv_waiting=max_kv_waiting,
         hardware=hardware,
+        usd_per_hour=usd_per_hour,
     )
     console = Console(stderr=True)
     with console.status("loading model"):
