@@ -114,3 +114,25 @@ def test_advise_command_reports_dollars_per_million_tokens():
     table = CliRunner().invoke(app, ["advise", "--model", "llama-3.1-8b", "--prompt-tokens", "500",
                                      "--output-tokens", "300"])
     assert "$/Mtok" in table.output
+
+
+def test_simulate_prices_the_run_by_the_time_each_phase_took():
+    register_commands()
+    args = ["simulate", "--model", "llama-3.1-8b", "--hardware", "nvidia-h100-sxm", "--workload", "rate:4",
+            "--num-prompts", "20", "--input-len", "256", "--output-len", "32", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    level = report["levels"][0]
+    cost = level["cost"]
+    assert report["config"]["price"]["usd_per_hour"] == cost["usd_per_hour"] == 3.0
+    # Blended: the whole run on one machine at $3/h over every token served.
+    run_usd = 3.0 * level["duration_s"] / 3600
+    assert cost["blended_usd_per_mtok"] == pytest.approx(run_usd / (level["prompt_tokens"] + level["output_tokens"]) * 1e6)
+    # The two prices re-add to the run's cost, weighted by their tokens.
+    assert (cost["prompt_usd_per_mtok"] * level["prompt_tokens"] + cost["completion_usd_per_mtok"]
+            * level["output_tokens"]) / 1e6 == pytest.approx(run_usd)
+    assert 0 < cost["utilisation"] <= 1 and cost["machines"] == 1
+    halved = CliRunner().invoke(app, [*args, "--usd-per-hour", "1.5"])
+    assert json.loads(halved.stdout)["levels"][0]["cost"]["blended_usd_per_mtok"] == pytest.approx(
+        cost["blended_usd_per_mtok"] / 2)
