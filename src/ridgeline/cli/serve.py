@@ -57,10 +57,11 @@ def serve_command(
     max_reprefills: int = MAX_REPREFILLS,
     router: Path = typer.Option(None, "--router", help="Serve the models and replicas of this router config (TOML) instead of MODEL, with `auto` routing."),
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
+    usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="This machine's price, US dollars an hour: /metrics and the dashboard show its live $ per million tokens at it."),
     engine_core: str = typer.Option("thread", "--engine-core", help="thread: the engine steps on a thread of the server's process. process: in a process of its own, driven over ZeroMQ, so tokenising, templating and HTTP never hold its GIL (docs/engine_core.md); a killed core fails its requests with 503 and is restarted. Not with --role prefill/decode, Ray workers or --router."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (as `ridgeline measure` cached it, else a napkin estimate labelled NOT MEASURED; never measured here)."),
 ) -> None:
-    _check_engine_core(engine_core, role, router, prefill_workers or decode_workers)
+    _check_engine_core(engine_core, role, router, prefill_workers or decode_workers, usd_per_hour)
     if tenants is not None:
         from ridgeline.tenancy.config import load_tenants
 
@@ -121,6 +122,7 @@ def serve_command(
         kv_link_bytes_per_second=kv_link_rate,
         max_kv_waiting=max_kv_waiting,
         hardware=hardware,
+        usd_per_hour=usd_per_hour,
     )
     console = Console(stderr=True)
     if engine_core == "process":
@@ -148,7 +150,8 @@ def serve_command(
 ENGINE_CORES = ("thread", "process")
 
 
-def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_workers: int) -> None:
+def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_workers: int,
+                       usd_per_hour: float | None = None) -> None:
     """--engine-core process runs the one-model colocated server; what reads the engine from the server's own
     process (a prefill worker's KV source, a decode worker's KV intake) or runs engines elsewhere is refused here,
     before anything loads."""
@@ -165,6 +168,9 @@ def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_wor
         raise RidgelineError("--engine-core process is not supported with --router (its workers run their own engines)")
     if ray_workers:
         raise RidgelineError("--engine-core process is not supported with --prefill-workers/--decode-workers (Ray)")
+    if usd_per_hour is not None:
+        raise RidgelineError("--usd-per-hour needs --engine-core thread (the live $/Mtok reads the engine's step "
+                             "records, which stay in the core's process)")
 
 
 def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int, decode_workers: int,

@@ -16,6 +16,7 @@ from ridgeline.cli.engine_options import ITL_TARGET_MS
 from ridgeline.engine.options import parse_bytes, parse_itl_target
 from ridgeline.engine.scheduler import SchedulerConfig
 from ridgeline.errors import RidgelineError
+from ridgeline.napkin.hardware import THIS_MACHINE, price_of
 from ridgeline.napkin.kv_dtypes import parse_kv_bytes
 from ridgeline.workload.serve_metrics import Slo
 from ridgeline.sim.link import Link
@@ -87,6 +88,7 @@ def simulate_command(
     slo_itl_ms: float = typer.Option(None, "--slo-itl-ms", help="Goodput SLO: a request's mean inter-token latency, ms."),
     search: bool = typer.Option(False, "--search", help="Find the highest Poisson rate meeting the SLOs (and, with --target-rate, the smallest catalogue fleet)."),
     target_rate: float = typer.Option(None, "--target-rate", min=0, help="With --search: list the fewest machines of each catalogue type sustaining this rate."),
+    usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="Price a machine at this many US dollars an hour for $/Mtok (default: the catalogue's price for --hardware, or this machine's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     plot: str = typer.Option(None, "--plot", help="Write PREFIX-latency.png and PREFIX-throughput.png."),
 ) -> None:
@@ -102,6 +104,11 @@ def simulate_command(
                          parse_split(disaggregate), Link(link_gb_s * 1e9, link_latency_us * 1e-6), calibrated, profile,
                          threads)
     deploy = deployment(options)
+    if usd_per_hour is None:
+        price = price_of(hardware or THIS_MACHINE)
+        usd_per_hour, price_source = price.usd_per_hour, price.source
+    else:
+        price_source = "--usd-per-hour"
     slo = Slo(slo_ttft_ms, slo_itl_ms)
     console = Console(stderr=as_json)
     common = dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
@@ -109,16 +116,17 @@ def simulate_command(
     config = {"model": deploy.shape.name, "weights": deploy.shape.weights, "step_time": deploy.step_time.name,
               "kv_pages": deploy.pool.num_pages, "kv_tokens": deploy.pool.tokens_of_all_layers,
               "scheduler": dataclasses.asdict(scheduler), "block_size": block_size, "replicas": replicas, "disaggregate": disaggregate,
-              "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms}, "workload": workload}
+              "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms}, "workload": workload,
+              "price": {"usd_per_hour": usd_per_hour, "source": price_source}}
     if search:
-        report = {"config": config, "search": run_search(options, deploy, slo, target_rate, common)}
+        report = {"config": config, "search": run_search(options, deploy, slo, target_rate, common, usd_per_hour)}
         print(json.dumps(report, indent=2)) if as_json else print_search(console, report["search"])
         return
     levels = []
     for load in workloads(workload, deploy, model, **common):
         started = time.perf_counter()
         result = simulate(deploy, load)
-        level = summarise_run(result, slo, load_of(load), deploy.shape.name)
+        level = summarise_run(result, slo, load_of(load), deploy.shape.name, usd_per_hour)
         level["engine"]["wall_s"] = time.perf_counter() - started
         levels.append(level)
     report = {"config": config, "levels": levels}
@@ -132,11 +140,31 @@ def simulate_command(
     console.print(f"step time: {deploy.step_time.name}; KV pool {deploy.pool.num_pages:,} pages "
                   f"({deploy.pool.tokens_of_all_layers:,} tokens of all layers) per replica", highlight=False)
     print_report(console, report, title=f"simulate: {deploy.shape.name} ({deploy.shape.weights})")
+    for level in levels:
+        console.print(f"{describe_load(level['load'])}: {describe_cost(level['cost'])}", highlight=False)
     console.print("simulated in " + ", ".join(f"{lv['engine']['wall_s']:.2f} s" for lv in levels), highlight=False)
 
 
-def run_search(options: "SimOptions", deploy: "Deployment", slo: Slo, target_rate: float | None, common: dict) -> dict:
+def describe_load(load: dict) -> str:
+    if load.get("request_rate") is not None:
+        return f"rate {load['request_rate']:g}/s"
+    return f"concurrency {load['concurrency']}" if load.get("concurrency") is not None else load.get("label") or "trace"
+
+
+def describe_cost(cost: dict) -> str:
+    def usd(value: float | None) -> str:
+        return "-" if value is None else f"${value:,.3f}"
+
+    return (f"{usd(cost['prompt_usd_per_mtok'])}/Mtok prompt, {usd(cost['completion_usd_per_mtok'])}/Mtok completion, "
+            f"{usd(cost['blended_usd_per_mtok'])}/Mtok blended at ${cost['usd_per_hour']:,.3f}/h per machine "
+            f"x {cost['machines']} ({cost['utilisation']:.0%} busy)")
+
+
+def run_search(options: "SimOptions", deploy: "Deployment", slo: Slo, target_rate: float | None, common: dict,
+               usd_per_hour: float) -> dict:
+    from ridgeline.sim.metrics import summarise_run
     from ridgeline.sim.search import fleets, max_rate
+    from ridgeline.sim.simulator import simulate
 
     vocab = deploy.shape.vocab_size
 
@@ -146,6 +174,10 @@ def run_search(options: "SimOptions", deploy: "Deployment", slo: Slo, target_rat
                          seed=common["seed"])
 
     found = {"max_rate": max_rate(deploy, at, slo)}
+    if found["max_rate"] > 0:  # what a token costs at the busiest load that keeps the SLO: the cheapest it gets
+        load = at(found["max_rate"])
+        found["cost_at_max_rate"] = summarise_run(simulate(deploy, load), slo, load_of(load), deploy.shape.name,
+                                                  usd_per_hour)["cost"]
     if target_rate:
         found["target_rate"] = target_rate
         found["fleets"] = fleets(options, at, slo, target_rate)
@@ -154,9 +186,13 @@ def run_search(options: "SimOptions", deploy: "Deployment", slo: Slo, target_rat
 
 def print_search(console: Console, found: dict) -> None:
     console.print(f"highest sustained rate: {found['max_rate']:.3g} requests/s (90% of requests within the SLOs)")
+    if "cost_at_max_rate" in found:
+        console.print(f"at that rate: {describe_cost(found['cost_at_max_rate'])}", highlight=False)
     if "fleets" in found:
         if not found["fleets"]:
             console.print(f"no catalogue machine sustains {found['target_rate']:g} requests/s with up to 8 machines")
         for row in found["fleets"]:
             console.print(f"  {row['hardware']}: {row['machines']} machine(s), {row['layout']} "
-                          f"({row['good_share']:.0%} within SLOs)", highlight=False)
+                          f"({row['good_share']:.0%} within SLOs)"
+                          + (f", ${row['usd_per_hour']:,.2f}/h" if row.get("usd_per_hour") is not None else ""),
+                          highlight=False)

@@ -84,12 +84,15 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
 
     groups: dict[str, ModelGroup] = {}
     rates: dict[str, Rates] = {}
+    prices: dict[str, float] = {}
     for backend in kept:
         group = groups.get(backend.model)
         replicas = _replicas(config, backend, len(group.replicas) if group else 0)
         prior = prior_rates(config, backend, hardware)
         for replica in replicas:
             rates[replica.name] = Rates(prior.prefill_tokens_per_s, prior.decode_tokens_per_s, prior.source)
+            if backend.usd_per_hour is not None:
+                prices[replica.name] = backend.usd_per_hour
         if group is None:
             group = groups[backend.model] = ModelGroup(backend.model, backend.quality, [],
                                                        chars_per_token=backend.chars_per_token)
@@ -109,7 +112,9 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
 
     s = config.router
     router = Router(list(groups.values()), rates, s.threshold, s.expected_output_tokens, s.health_interval_s,
-                    policy=s.policy)
+                    policy=s.policy, prices=prices, objective=s.objective,
+                    slo_ttft_s=s.slo_ttft_ms / 1000 if s.slo_ttft_ms is not None else None,
+                    slo_itl_s=s.slo_itl_ms / 1000 if s.slo_itl_ms is not None else None)
     await router.start()
     if s.target_large_share is not None:
         if not s.calibration_sample:

@@ -10,6 +10,9 @@
     policy = "cost"                    # which replica takes a request: cost (prefix cache and counted load) or
                                        #   round_robin (each replica in turn, blind to both: the baseline)
     memory = "16GB"                    # optional: load only the tiers that fit (same as --memory)
+    objective = "quality"              # what `auto` trades: quality (the threshold above) or cost: the cheapest
+    slo_ttft_ms = 500                  #   model predicted to meet these SLOs (each backend needs usd_per_hour)
+    slo_itl_ms = 50
 
     [[backend]]                        # one entry per backend; entries naming one model are its replicas
     model = "gemma-3-270m"             # the name clients use
@@ -20,6 +23,7 @@
     kv_cache_memory = "512MiB"
     url = "http://127.0.0.1:8080"      # openai: base URL (the router appends /v1/...)
     served_name = "llama"              # openai: the model name that server expects (default: `model`)
+    usd_per_hour = 3.0                 # what one replica's machine costs an hour: $/Mtok in /metrics and /v1/router
 """
 
 import json
@@ -31,6 +35,7 @@ from ridgeline.errors import RidgelineError
 
 KINDS = ("engine", "ray", "openai")
 POLICIES = ("cost", "round_robin")
+OBJECTIVES = ("quality", "cost")
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,12 @@ class BackendConfig:
     prefill_tokens_per_s: float | None = None  # priors; otherwise the roofline's
     decode_tokens_per_s: float | None = None
     chars_per_token: float = 4.0  # openai: to estimate prompt tokens without its tokenizer
+    usd_per_hour: float | None = None  # one replica's machine, per hour: its $/Mtok, and `auto`'s cost objective
 
     def __post_init__(self) -> None:
+        if self.usd_per_hour is not None and (isinstance(self.usd_per_hour, bool) or
+                                              not isinstance(self.usd_per_hour, (int, float)) or self.usd_per_hour < 0):
+            raise RidgelineError(f"backend {self.model!r}: usd_per_hour must be a number >= 0")
         if self.kind not in KINDS:
             raise RidgelineError(f"backend {self.model!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.kind == "openai" and not self.url:
@@ -80,10 +89,17 @@ class RouterSettings:
     memory: str | None = None
     api_key: str | None = None
     ray_address: str | None = None  # None: a Ray backend starts a small local Ray cluster
+    objective: str = "quality"  # `auto`: quality (the threshold's trade) or cost (cheapest within the SLOs)
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise RidgelineError(f"[router] policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.objective not in OBJECTIVES:
+            raise RidgelineError(f"[router] objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.objective == "cost" and self.slo_ttft_ms is None and self.slo_itl_ms is None:
+            raise RidgelineError("[router] objective = \"cost\" needs an SLO to keep: slo_ttft_ms and/or slo_itl_ms")
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,10 @@ def parse_config(data: dict, base_dir: Path = Path(".")) -> RouterConfig:
     backends = tuple(_typed(BackendConfig, b, f"[[backend]] #{i + 1}") for i, b in enumerate(data.get("backend", [])))
     if not backends:
         raise RidgelineError("router config names no [[backend]]")
+    unpriced = sorted({b.model for b in backends if b.usd_per_hour is None})
+    if settings.objective == "cost" and unpriced:
+        raise RidgelineError(f"[router] objective = \"cost\" needs usd_per_hour on every [[backend]]; "
+                             f"none on {', '.join(unpriced)}")
     return RouterConfig(settings, backends, base_dir)
 
 

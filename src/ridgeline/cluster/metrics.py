@@ -29,6 +29,9 @@ class RouterMetrics:
         self.affinity_tokens = Counter("ridgeline_router_affinity_cached_tokens",
                                        "Prompt tokens expected cached on the replica they were sent to.", ["replica"],
                                        registry=r)
+        self.usd_per_mtok = Gauge("ridgeline_router_usd_per_mtok",
+                                  "US dollars per million prompt or completion tokens on the replica, at its configured "
+                                  "hourly price and its current rates.", ["replica", "tokens"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

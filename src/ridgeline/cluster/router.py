@@ -27,8 +27,10 @@ from ridgeline.cluster.metrics import RouterMetrics
 from ridgeline.cluster.rates import Rates
 from ridgeline.cluster.replica_policy import ReplicaChoice, RoundRobin, rank_replicas
 from ridgeline.cluster.replicas import Replica, WorkerReplica
-from ridgeline.cluster.tier_policy import TierCandidate, TierDecision, calibrate, decide, difficulty
+from ridgeline.cluster.cost import DECODE_BATCH_KNEE
+from ridgeline.cluster.tier_policy import TierCandidate, TierDecision, calibrate, decide, decide_cheapest, difficulty
 from ridgeline.engine.outputs import RequestOutput
+from ridgeline.napkin.token_cost import MILLION, usd_per_mtok
 
 logger = logging.getLogger("ridgeline.router")
 PASSED_HEADERS = ("retry-after",)  # an OpenAI server's headers passed on to the client (and x-ridgeline-*)
@@ -69,9 +71,12 @@ class Forwarded:
 class Router:
     def __init__(self, groups: list[ModelGroup], rates: dict[str, Rates], threshold: float = 0.05,
                  expected_output_tokens: int = 128, health_interval_s: float = 1.0, policy: str = "cost",
-                 learn_rates: bool = True):
+                 learn_rates: bool = True, prices: dict[str, float] | None = None, objective: str = "quality",
+                 slo_ttft_s: float | None = None, slo_itl_s: float | None = None):
         if policy not in ("cost", "round_robin"):
             raise ValueError(f"unknown replica policy {policy!r} (cost or round_robin)")
+        if objective not in ("quality", "cost"):
+            raise ValueError(f"unknown objective {objective!r} (quality or cost)")
         for group in groups:
             if len({isinstance(r, HttpReplica) for r in group.replicas}) != 1:
                 raise ValueError(f"model {group.name!r} mixes ridgeline workers and OpenAI servers")
@@ -93,6 +98,12 @@ class Router:
         self.metrics = RouterMetrics()
         self.round_robin = RoundRobin() if policy == "round_robin" else None
         self.learn_rates = learn_rates  # False: keep the given rates (a pinned config, or reproducible tests)
+        self.prices = dict(prices or {})  # replica -> US dollars per hour of its machine (absent: not priced)
+        self.objective, self.slo_ttft_s, self.slo_itl_s = objective, slo_ttft_s, slo_itl_s
+        if objective == "cost":
+            unpriced = sorted(name for name in self.replicas if name not in self.prices)
+            if unpriced:
+                raise ValueError(f"the cost objective needs a price for every replica; none for {', '.join(unpriced)}")
         self._task: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle and health
@@ -145,6 +156,21 @@ class Router:
         self.metrics.replica_up.labels(name).set(1 if self.health[name].up else 0)
         self.metrics.in_flight.labels(name).set(load.num_in_flight)
         self.metrics.backlog.labels(name).set(load.prefill_backlog)
+        prices = self.usd_per_mtok(name)
+        if prices is not None:
+            self.metrics.usd_per_mtok.labels(name, "prompt").set(prices[0])
+            self.metrics.usd_per_mtok.labels(name, "completion").set(prices[1])
+
+    def usd_per_mtok(self, name: str) -> tuple[float, float] | None:
+        """(prompt, completion) US dollars per million tokens on replica `name` at its price and current rates: a
+        prompt token at its prefill rate, a completion token at the decode rate of all the streams it counts in
+        flight (one at least; per-stream speed falls as the batch grows, as cost.py predicts). None: no price."""
+        if name not in self.prices:
+            return None
+        rates, streams = self.rates[name], max(1, self.loads.of(name).num_in_flight)
+        decode_total = streams * rates.decode_tokens_per_s / (1 + (streams - 1) / DECODE_BATCH_KNEE)
+        price = self.prices[name]
+        return usd_per_mtok(price, rates.prefill_tokens_per_s), usd_per_mtok(price, decode_total)
 
     # ------------------------------------------------------------ decisions
 
@@ -194,10 +220,18 @@ class Router:
 
     def candidates(self, prompt_tokens: int, output_tokens: int | None = None) -> list[TierCandidate]:
         found = []
+        output_tokens = output_tokens or self.expected_output_tokens
         for name, group in self.groups.items():
             ranked = self.rank(name, prompt_tokens, output_tokens)
             if ranked:
-                found.append(TierCandidate(name, group.quality, ranked[0].cost.total_s, ranked[0].replica))
+                best = ranked[0]
+                prices = self.usd_per_mtok(best.replica)
+                usd = None
+                if prices is not None:  # this request's tokens at the replica's per-token prices
+                    usd = ((prompt_tokens - best.cached_tokens) * prices[0] + output_tokens * prices[1]) / MILLION
+                found.append(TierCandidate(name, group.quality, best.cost.total_s, best.replica, usd,
+                                           best.cost.queue_s + best.cost.prefill_s,
+                                           best.cost.decode_s / max(1, output_tokens)))
         return found
 
     def decide_auto(self, prompt_tokens: int, output_tokens: int | None = None, text: str | None = None) -> TierDecision:
@@ -206,7 +240,11 @@ class Router:
         candidates = self.candidates(prompt_tokens, output_tokens)
         if not candidates:
             raise NoReplicaAvailable("no model has a usable replica")
-        decision = decide(candidates, difficulty(prompt_tokens, text), self.threshold)
+        hardness = difficulty(prompt_tokens, text)
+        if self.objective == "cost":
+            decision = decide_cheapest(candidates, hardness, self.slo_ttft_s, self.slo_itl_s)
+        else:
+            decision = decide(candidates, hardness, self.threshold)
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.metrics.decisions.labels(decision.model, decision.kind).inc()
         if logger.isEnabledFor(logging.INFO):

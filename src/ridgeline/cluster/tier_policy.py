@@ -10,12 +10,16 @@ code want the better model). The router picks the model maximising
 so one number, the threshold (quality given up per second saved), sets the trade: 0 sends everything to the best
 model, a large one everything to the cheapest. `calibrate` finds the threshold that sends a target share of a
 traffic sample to the best model.
+
+Or the router minimises money instead (`objective = "cost"`): among the models whose predicted TTFT and ITL for
+this request meet the SLO, the one whose machine time for it costs least (each backend's hourly price over its
+predicted prefill and decode rates: `decide_cheapest`); when none meets the SLO, the one that misses it least.
 """
 
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Prompt lengths (tokens) mapped to difficulty 0 and 1 on a log scale.
 SHORT_PROMPT, LONG_PROMPT = 8, 1024
@@ -32,6 +36,9 @@ class TierCandidate:
     quality: float
     cost_s: float
     replica: str | None = None
+    usd: float | None = None  # what this request's machine time costs on it (None: the backend has no price)
+    ttft_s: float | None = None  # predicted: queue + uncached prefill
+    itl_s: float | None = None  # predicted: decode time per output token at the replica's counted load
 
 
 @dataclass(frozen=True)
@@ -42,14 +49,18 @@ class TierDecision:
     threshold: float
     scores: dict[str, float]
     costs: dict[str, float]
-    kind: str  # "only_candidate", "quality_worth_cost" (took the best model) or "cost" (took a cheaper one)
+    # "only_candidate", "quality_worth_cost" (took the best model) or "cost" (took a cheaper one); with the cost
+    # objective "cheapest_in_slo" or "slo_missed" (none met it: the least late)
+    kind: str
     reason: str
+    usd: dict[str, float] = field(default_factory=dict)
 
     def as_log(self) -> dict:
-        return {"model": self.model, "replica": self.replica, "difficulty": round(self.difficulty, 3),
-                "threshold": self.threshold, "kind": self.kind, "reason": self.reason,
-                "costs_s": {m: round(c, 4) for m, c in self.costs.items()},
-                "scores": {m: round(s, 4) for m, s in self.scores.items()}}
+        log = {"model": self.model, "replica": self.replica, "difficulty": round(self.difficulty, 3),
+               "threshold": self.threshold, "kind": self.kind, "reason": self.reason,
+               "costs_s": {m: round(c, 4) for m, c in self.costs.items()},
+               "scores": {m: round(s, 4) for m, s in self.scores.items()}}
+        return log | ({"usd": {m: round(u, 9) for m, u in self.usd.items()}} if self.usd else {})
 
 
 def difficulty(prompt_tokens: int, text: str | None = None) -> float:
@@ -77,6 +88,39 @@ def decide(candidates: Sequence[TierCandidate], hardness: float, threshold: floa
                   f"{top_quality.model} at threshold {threshold:g}")
     return TierDecision(best.model, best.replica, hardness, threshold, scores,
                         {c.model: c.cost_s for c in candidates}, kind, reason)
+
+
+def slo_lateness(candidate: TierCandidate, slo_ttft_s: float | None, slo_itl_s: float | None) -> float:
+    """How far the candidate's predicted latency is over the SLO, as the worst ratio to its target (<= 1: met)."""
+    ratios = [0.0]
+    if slo_ttft_s is not None:
+        ratios.append((candidate.ttft_s or 0.0) / slo_ttft_s)
+    if slo_itl_s is not None:
+        ratios.append((candidate.itl_s or 0.0) / slo_itl_s)
+    return max(ratios)
+
+
+def decide_cheapest(candidates: Sequence[TierCandidate], hardness: float, slo_ttft_s: float | None,
+                    slo_itl_s: float | None) -> TierDecision:
+    """The candidate whose machine time for this request costs least among those predicted to meet the SLO (equal
+    prices: the better model); none meets it: the one that misses it by least."""
+    if not candidates:
+        raise ValueError("no candidate model")
+    unpriced = [c.model for c in candidates if c.usd is None]
+    if unpriced:
+        raise ValueError(f"the cost objective needs a price for every model; none for {', '.join(unpriced)}")
+    lateness = {c.model: slo_lateness(c, slo_ttft_s, slo_itl_s) for c in candidates}
+    meeting = [c for c in candidates if lateness[c.model] <= 1.0]
+    if meeting:
+        best = min(meeting, key=lambda c: (c.usd, -c.quality))
+        kind = "only_candidate" if len(candidates) == 1 else "cheapest_in_slo"
+        reason = f"${best.usd:.3g} for this request, cheapest of {len(meeting)} meeting the SLO"
+    else:
+        best = min(candidates, key=lambda c: (lateness[c.model], c.usd))
+        kind = "slo_missed"
+        reason = f"no model meets the SLO; {best.model} misses it least ({lateness[best.model]:.2f}x its target)"
+    return TierDecision(best.model, best.replica, hardness, 0.0, {m: -late for m, late in lateness.items()},
+                        {c.model: c.cost_s for c in candidates}, kind, reason, {c.model: c.usd for c in candidates})
 
 
 def large_share(sample: Sequence[tuple[float, Sequence[TierCandidate]]], threshold: float) -> float:

@@ -22,6 +22,31 @@ def matmul_precision(rates: dict[str, float], integer_weights: bool, float_preci
 
 
 @dataclass(frozen=True)
+class Ownership:
+    """How a machine one buys is priced per hour (the catalogue's [ownership] table)."""
+
+    amortisation_years: float
+    hours_per_year: float
+    electricity_usd_per_kwh: float
+    source: str
+
+    def usd_per_hour(self, purchase_usd: float, power_w: float) -> float:
+        return purchase_usd / (self.amortisation_years * self.hours_per_year) + power_w / 1000 * self.electricity_usd_per_kwh
+
+
+@dataclass(frozen=True)
+class Price:
+    """What an hour of the machine costs, in US dollars, and where the figure came from. `kind` is "cloud" (an
+    on-demand list price) or "owned" (purchase amortised plus power, under the catalogue's [ownership] terms)."""
+
+    usd_per_hour: float
+    source: str
+    kind: str
+    purchase_usd: float | None = None
+    power_w: float | None = None
+
+
+@dataclass(frozen=True)
 class Hardware:
     name: str
     title: str
@@ -30,6 +55,7 @@ class Hardware:
     dense_flops: dict[str, float]  # FLOP/s per precision ("fp32", "bf16", ...; "int8": ops/s of int8 matmuls)
     default_precision: str  # the precision a model stored in floats runs its matmuls in
     sources: dict[str, str] = field(default_factory=dict)
+    price: Price | None = None
 
     def flops(self, precision: str | None = None) -> float:
         precision = precision or self.default_precision
@@ -66,6 +92,39 @@ def _catalogue_data() -> dict:
     return tomllib.loads(text)
 
 
+def ownership() -> Ownership:
+    terms = _catalogue_data()["ownership"]
+    return Ownership(terms["amortisation_years"], terms["hours_per_year"], terms["electricity_usd_per_kwh"],
+                     terms["source"])
+
+
+def _price(entry: dict, where: str) -> Price:
+    """A [machine.price] table: a cloud `usd_per_hour`, or `purchase_usd` and `power_w` priced by [ownership]."""
+    if not entry.get("source"):
+        raise RidgelineError(f"hardware catalogue: {where}'s price has no source")
+    if "usd_per_hour" in entry:
+        return Price(float(entry["usd_per_hour"]), entry["source"], "cloud")
+    if "purchase_usd" in entry and "power_w" in entry:
+        purchase, power = float(entry["purchase_usd"]), float(entry["power_w"])
+        return Price(ownership().usd_per_hour(purchase, power), entry["source"], "owned", purchase, power)
+    raise RidgelineError(f"hardware catalogue: {where}'s price needs usd_per_hour, or purchase_usd and power_w")
+
+
+def this_machine_price() -> Price:
+    """`this-machine` is measured, not catalogued; its price is catalogued all the same ([this_machine.price])."""
+    return _price(_catalogue_data()["this_machine"]["price"], THIS_MACHINE)
+
+
+def price_of(name: str) -> Price:
+    """The hourly price of a catalogued machine or of `this-machine`."""
+    if name == THIS_MACHINE:
+        return this_machine_price()
+    price = catalogued(name).price
+    if price is None:
+        raise RidgelineError(f"hardware {name!r} has no price in the catalogue; give one with --usd-per-hour")
+    return price
+
+
 def catalogue() -> dict[str, Hardware]:
     """Every catalogued machine by name (not `this-machine`, which is measured on demand)."""
     machines = {}
@@ -78,6 +137,7 @@ def catalogue() -> dict[str, Hardware]:
             dense_flops={precision: tflops * 1e12 for precision, tflops in entry["dense_tflops"].items()},
             default_precision=entry["default_precision"],
             sources=dict(entry["sources"]),
+            price=_price(entry["price"], entry["name"]) if "price" in entry else None,
         )
     return machines
 

@@ -137,6 +137,31 @@ def plot_measured_vs_simulated(points: dict[str, Sequence[tuple[str, float, floa
     return _save(figure, path)
 
 
+def plot_cost_per_token(rows: Sequence[dict], path: str | Path, title: str) -> Path:
+    """Grouped bars, one group per case (model, workload), one bar per machine: rows of {"case", "hardware",
+    "usd_per_mtok"}, None where the machine cannot serve the case at its SLO (marked x on the axis)."""
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    machines = list(dict.fromkeys(r["hardware"] for r in rows))
+    value = {(r["case"], r["hardware"]): r["usd_per_mtok"] for r in rows}
+    width = 0.8 / len(machines)
+    figure, axes = plt.subplots(figsize=(10, 5), dpi=120)
+    known = [v for v in value.values() if v]
+    floor = min(known) / 2 if known else 1e-3
+    for i, machine in enumerate(machines):
+        xs = np.arange(len(cases)) + (i - (len(machines) - 1) / 2) * width
+        ys = [value.get((case, machine)) for case in cases]
+        axes.bar([x for x, y in zip(xs, ys) if y], [y for y in ys if y], width, label=machine)
+        missing = [x for x, y in zip(xs, ys) if not y]
+        axes.scatter(missing, [floor] * len(missing), marker="x", color="black", zorder=3)
+    axes.set_yscale("log")
+    axes.set_xticks(np.arange(len(cases)), cases, rotation=15, fontsize=8, ha="right")
+    axes.set_ylabel("US $ per million tokens (prompt + completion)")
+    axes.grid(True, axis="y", which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    axes.set_title(title + " (x: cannot serve it within the SLO)", fontsize=9)
+    return _save(figure, path)
+
+
 def _save(figure: plt.Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

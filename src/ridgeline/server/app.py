@@ -2,6 +2,7 @@
 the tokenizer's configuration."""
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from ridgeline.server.engine_core.client import ProcessEngine
 from ridgeline.server.engine_core.process import CoreProcess
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.kv_intake import MAX_KV_WAITING
-from ridgeline.server.metrics import ServerMetrics
+from ridgeline.server.metrics import LiveCost, ServerMetrics
 from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.openapi import install_openapi
 from ridgeline.server.protocol import (
@@ -68,6 +69,7 @@ class ServerConfig:
     hardware: str = THIS_MACHINE  # the machine the dashboard's roofline is drawn for (catalogue name or measured)
     tenants_file: str | None = None  # tenants, keys and limits (tenancy/config.py); None: --api-key alone, or open
     usage_db: str | None = None  # the tenants' shared usage store (SQLite); None: beside the tenants file
+    usd_per_hour: float | None = None  # this machine's price: live $/Mtok in /metrics and the dashboard; None: unpriced
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
@@ -77,6 +79,15 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         raise RidgelineError(f"unknown role {config.role!r} (choose from {', '.join(ROLES)})")
     model_name = config.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
+    if config.usd_per_hour is not None:
+        if config.usd_per_hour < 0:
+            raise RidgelineError(f"usd_per_hour must be >= 0, got {config.usd_per_hour}")
+        if isinstance(engine, CoreProcess):
+            # The live figure reads the engine's step records, which stay in the core's process.
+            raise RidgelineError("--usd-per-hour needs the engine in this process (--engine-core thread)")
+        recorder = engine.steps
+        metrics.enable_cost(LiveCost(config.usd_per_hour, lambda: (recorder.recent(), recorder.num_recorded),
+                                     started=time.time()))
     max_num_seqs = engine.config.scheduler.max_num_seqs
     driver: EngineFront
     if isinstance(engine, CoreProcess):

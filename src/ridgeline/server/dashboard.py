@@ -63,7 +63,16 @@ def counters(metrics: ServerMetrics) -> dict:
                      for reason in metrics.finished},
         "prompt_tokens": value("ridgeline_prompt_tokens_total"),
         "generation_tokens": value("ridgeline_generation_tokens_total"),
+        "cost": live_cost(metrics),
     }
+
+
+def live_cost(metrics: ServerMetrics) -> dict | None:
+    """This machine's $/Mtok over the last window at its configured price (serve --usd-per-hour); None: unpriced."""
+    cost = metrics.refresh_cost()
+    if cost is None:
+        return None
+    return cost.as_dict() | {"window_s": metrics.live_cost.window_s}
 
 
 def install_dashboard(app: FastAPI, workers: list[LocalWorker], metrics: ServerMetrics, accepting,

@@ -4,11 +4,56 @@ Each server owns its own `CollectorRegistry` (not prometheus-client's global one
 can live in one process, as they do in the tests.
 """
 
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ridgeline.engine.step_record import StepRecord
+from ridgeline.napkin.token_cost import PhaseWork, TokenCost, split_step, token_cost
 
 # Seconds; spans a fast decode step on a GPU to a long queue on a busy CPU.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 FINISH_REASONS = ("stop", "length", "abort")
+COST_WINDOW_S = 60.0  # the live $/Mtok is the last minute's: long enough to span bursts, short enough to follow load
+COST_TOKENS = ("prompt", "completion", "blended")
+
+
+def window_work(steps: Sequence[StepRecord], now: float, window_s: float, since: float) -> PhaseWork:
+    """What the engine did in the window (now - window_s, now], paid from `since` at the earliest (the server's
+    start, or the oldest step the recorder still holds once it has dropped older ones). Prompt tokens are the
+    prefill chunks' (computed, so prefix-cache hits cost nothing); completion tokens one per decode row plus one
+    per prompt chunk that samples (a request's first token); each step's forward pass shared by rows."""
+    start = max(now - window_s, since)
+    prompt = completion = 0
+    prefill_s = decode_s = 0.0
+    for step in steps:
+        if step.timestamp <= start:
+            continue
+        prompt += step.prefill_tokens
+        completion += step.decode_rows + sum(1 for chunk in step.prefill_chunks if chunk.samples)
+        p, d = split_step(step.seconds, step.prefill_tokens, step.decode_rows)
+        prefill_s, decode_s = prefill_s + p, decode_s + d
+    return PhaseWork(prompt, completion, prefill_s, decode_s, max(0.0, now - start))
+
+
+@dataclass
+class LiveCost:
+    """This machine's $/Mtok at its configured price, from the engine's recorded steps over the last window."""
+
+    usd_per_hour: float
+    steps: Callable[[], tuple[list[StepRecord], int]]  # the kept steps, and how many were ever recorded
+    window_s: float = COST_WINDOW_S
+    started: float = 0.0  # wall clock when serving began (nothing before it is paid for)
+
+    def now_cost(self, now: float | None = None) -> TokenCost:
+        now = time.time() if now is None else now
+        kept, recorded = self.steps()
+        since = self.started
+        if kept and recorded > len(kept):  # the ring buffer dropped older steps: pay only for what it still covers
+            since = max(since, kept[0].timestamp - kept[0].seconds)
+        return token_cost(window_work(kept, now, self.window_s, since), self.usd_per_hour)
 
 
 class ServerMetrics:
@@ -88,6 +133,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.finished = {reason: self._finished.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS}
+        self.live_cost: LiveCost | None = None  # serve --usd-per-hour: enable_cost() adds the cost gauges
 
     def observe_engine(self, stats) -> None:
         """Gauges from one `EngineStats` snapshot (called by the engine thread after every step)."""
@@ -135,5 +181,34 @@ class ServerMetrics:
         if timings.e2e is not None:
             self.e2e_latency.observe(timings.e2e)
 
+    def enable_cost(self, live_cost: LiveCost) -> None:
+        """Price this machine: the cost gauges appear (an unpriced server shows none rather than a $0 that reads as
+        free), refreshed from the step records whenever /metrics or the dashboard reads them."""
+        labels = {"model_name": self.model_name}
+        self.live_cost = live_cost
+        self.usd_per_hour = Gauge("ridgeline_usd_per_hour", "The machine's configured price, US dollars an hour.",
+                                  list(labels), registry=self.registry).labels(**labels)
+        per_mtok = Gauge("ridgeline_usd_per_mtok",
+                         f"US dollars per million tokens over the last {live_cost.window_s:g} s at the configured price: "
+                         "prompt, completion, or all (blended); NaN while none was served.", [*labels, "tokens"],
+                         registry=self.registry)
+        self.usd_per_mtok = {kind: per_mtok.labels(**labels, tokens=kind) for kind in COST_TOKENS}
+        self.cost_utilisation = Gauge("ridgeline_cost_window_busy_ratio",
+                                      "Share of the cost window the engine spent in forward passes (0..1).",
+                                      list(labels), registry=self.registry).labels(**labels)
+
+    def refresh_cost(self, now: float | None = None) -> TokenCost | None:
+        """Set the cost gauges from the live window (None: no price configured, nothing is set)."""
+        if self.live_cost is None:
+            return None
+        cost = self.live_cost.now_cost(now)
+        self.usd_per_hour.set(cost.usd_per_hour)
+        for kind, value in zip(COST_TOKENS, (cost.prompt_usd_per_mtok, cost.completion_usd_per_mtok,
+                                             cost.blended_usd_per_mtok)):
+            self.usd_per_mtok[kind].set(float("nan") if value is None else value)
+        self.cost_utilisation.set(cost.utilisation)
+        return cost
+
     def render(self) -> bytes:
+        self.refresh_cost()
         return generate_latest(self.registry)

@@ -265,7 +265,9 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
                          "last_error": health.last_error, "in_flight": load.num_in_flight,
                          "prefill_backlog_tokens": load.prefill_backlog, "cached_blocks": router.index.num_blocks(name),
                          "prefill_tokens_per_s": round(rates.prefill_tokens_per_s, 1),
-                         "decode_tokens_per_s": round(rates.decode_tokens_per_s, 2), "rates_from": rates.source})
-        return JSONResponse({"threshold": router.threshold, "replicas": rows})
+                         "decode_tokens_per_s": round(rates.decode_tokens_per_s, 2), "rates_from": rates.source,
+                         "usd_per_hour": router.prices.get(name),
+                         "usd_per_mtok": dict(zip(("prompt", "completion"), prices)) if (prices := router.usd_per_mtok(name)) else None})
+        return JSONResponse({"threshold": router.threshold, "objective": router.objective, "replicas": rows})
 
     return app

@@ -1,6 +1,7 @@
 """A simulated run in bench serve's terms: each request as the RequestResult a client would have measured
 (times from when it was sent), summarised by bench serve's own code, plus what only a simulator sees."""
 
+from ridgeline.napkin.token_cost import PhaseWork, token_cost
 from ridgeline.workload.serve_metrics import RequestResult, Slo, summarise
 from ridgeline.sim.simulator import SimResult, Track
 
@@ -39,7 +40,18 @@ def engine_figures(result: SimResult) -> dict:
     }
 
 
-def summarise_run(result: SimResult, slo: Slo, load: dict, model: str) -> dict:
-    """One load level as bench serve reports it, with the engine figures under "engine"."""
+def cost_figures(result: SimResult, summary: dict, usd_per_hour: float) -> dict:
+    """$/Mtok of the run: every replica paid for the whole run, that cost split between prompt and completion
+    tokens by the busy time each phase took (napkin/token_cost.py), over the tokens of the requests served."""
+    replicas = result.replicas
+    work = PhaseWork(summary["prompt_tokens"], summary["output_tokens"], sum(r.stats.prefill_s for r in replicas),
+                     sum(r.stats.decode_s for r in replicas), (result.duration_s or 0.0) * len(replicas))
+    return token_cost(work, usd_per_hour).as_dict() | {"machines": len(replicas)}
+
+
+def summarise_run(result: SimResult, slo: Slo, load: dict, model: str, usd_per_hour: float | None = None) -> dict:
+    """One load level as bench serve reports it, with the engine figures under "engine" (and, priced at
+    `usd_per_hour` a machine, its $/Mtok under "cost")."""
     summary = summarise([request_result(t) for t in result.tracks], result.duration_s or 1e-9, slo)
-    return {"load": load, "model": model} | summary | {"engine": engine_figures(result)}
+    priced = {"cost": cost_figures(result, summary, usd_per_hour)} if usd_per_hour is not None else {}
+    return {"load": load, "model": model} | summary | {"engine": engine_figures(result)} | priced

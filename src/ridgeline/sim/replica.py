@@ -16,6 +16,7 @@ from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from ridgeline.engine.sequence import Sequence
 from ridgeline.sim.kv_pool import KVPool
+from ridgeline.napkin.token_cost import split_step
 from ridgeline.sim.step_time import StepTimeModel, TermsOf
 
 SYNTHETIC_TOKEN = 0
@@ -35,6 +36,9 @@ class ReplicaStats:
     kv_imports: int = 0  # disaggregated decode: prompts whose KV arrived over the link
     kv_import_waits: int = 0  # ... offers that found no room at a step boundary and waited for the next
     tokens_computed: int = 0
+    # Busy time by phase (a mixed step shared by rows: napkin/token_cost.split_step), what the $/Mtok split is by.
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
     step_log: list[tuple[float, float, list[tuple[str, int, int]]]] | None = field(default=None)
 
 
@@ -91,11 +95,15 @@ class Replica:
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return None
-        duration = self.step_time.seconds(self.terms_of(plan))
+        terms = self.terms_of(plan)
+        duration = self.step_time.seconds(terms)
         self.plan = plan
         stats = self.stats
         stats.steps += 1
         stats.busy_s += duration
+        prefill_s, decode_s = split_step(duration, terms.prompt_rows, terms.decode_rows)
+        stats.prefill_s += prefill_s
+        stats.decode_s += decode_s
         stats.tokens_computed += plan.num_batched_tokens
         usage = self.scheduler.block_manager.usage
         stats.kv_usage_s += usage * duration

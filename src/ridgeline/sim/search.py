@@ -68,6 +68,8 @@ def fleets(options: SimOptions, workload_at: Callable[[float], Workload], slo: S
             best = max(((label, good_share(d, workload_at(target_rate), slo)) for label, d in layouts),
                        key=lambda pair: pair[1])
             if best[1] >= GOOD_SHARE:
-                found.append({"hardware": name, "machines": count, "layout": best[0], "good_share": best[1]})
+                price = catalogue()[name].price
+                found.append({"hardware": name, "machines": count, "layout": best[0], "good_share": best[1],
+                              "usd_per_hour": count * price.usd_per_hour if price else None})
                 break
     return sorted(found, key=lambda row: row["machines"])

@@ -68,6 +68,20 @@
       const name = node.dataset.counter;
       node.textContent = number(name in counters.requests ? counters.requests[name] : counters[name]);
     }
+    showCost(counters.cost);
+  }
+
+  // This machine's live $/Mtok (serve --usd-per-hour); without a price the tile says how to give one.
+  function showCost(cost) {
+    for (const node of document.querySelectorAll(".cost-window")) {
+      node.textContent = cost ? `(last ${cost.window_s} s)` : "(no price: serve --usd-per-hour)";
+    }
+    for (const node of document.querySelectorAll("[data-cost]")) {
+      const value = cost ? cost[node.dataset.cost] : null;
+      if (value === null || value === undefined) node.textContent = "-";
+      else if (node.dataset.cost === "utilisation") node.textContent = `${(100 * value).toFixed(0)} %`;
+      else node.textContent = `$${value < 10 ? value.toFixed(3) : number(value, 1)}`;
+    }
   }
 
   function showView(panel, view) {
