@@ -17,9 +17,7 @@ With --baseline-src (a checkout of an older commit) the same is run on that chec
 
 import argparse
 import json
-import os
 import random
-import re
 import subprocess
 import sys
 import time
@@ -29,26 +27,10 @@ import httpx
 
 from ridgeline.bench.bench_serve import FILLER_WORDS
 
-LOG_DIR = Path("/tmp/disagg-prefix-reuse-logs")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disagg_vs_colocated import start  # noqa: E402 - the one way the benchmarks start a server
+
 METRIC = "ridgeline_kv_transfer_pages_received_total"  # a Prometheus counter
-
-
-def start(args: list[str], env: dict[str, str], log_name: str) -> tuple[subprocess.Popen, str]:
-    """`ridgeline ARGS` on a free port; its stderr drained into a log of its own once it answers."""
-    command = [sys.executable, "-c", "from ridgeline.cli import main; main()", *args, "--port", "0"]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line and process.poll() is not None:
-            break
-        if match := re.search(r"Uvicorn running on (http://[\d.]+:\d+)", line):
-            LOG_DIR.mkdir(parents=True, exist_ok=True)
-            with open(LOG_DIR / f"{log_name}.log", "w") as log:
-                subprocess.Popen(["cat"], stdin=process.stderr, stdout=log)
-            return process, match.group(1)
-    process.kill()
-    raise RuntimeError(f"{' '.join(args)} did not start")
 
 
 def pages_received(client: httpx.Client, decode_url: str) -> float:
@@ -86,11 +68,11 @@ def run_build(name: str, env: dict[str, str], args: argparse.Namespace) -> dict:
     common = ["--threads", str(args.threads), "--kv-cache-memory", args.kv_cache_memory]
     processes = []
     try:
-        prefill, prefill_url = start(["serve", *model, "--role", "prefill", *common], env, f"{name}-prefill")
+        prefill, prefill_url = start(["serve", *model, "--role", "prefill", *common], log_name=f"{name}-prefill", env=env)
         processes.append(prefill)
-        decode, decode_url = start(["serve", *model, "--role", "decode", *common], env, f"{name}-decode")
+        decode, decode_url = start(["serve", *model, "--role", "decode", *common], log_name=f"{name}-decode", env=env)
         processes.append(decode)
-        proxy, proxy_url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url], env, f"{name}-proxy")
+        proxy, proxy_url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url], log_name=f"{name}-proxy", env=env)
         processes.append(proxy)
         with httpx.Client(timeout=httpx.Timeout(600.0)) as client:
             model_id = client.get(f"{proxy_url}/v1/models").json()["data"][0]["id"]

@@ -21,6 +21,7 @@ long comparison can run as one invocation per setting and still print one table.
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import subprocess
@@ -41,11 +42,12 @@ LOAD_ARGS = ("model", "streams", "stream_tokens", "long_prompt_tokens", "long_ou
 LOG_DIR = Path("/tmp/disagg-logs")  # each server's stderr, kept: a failed request's cause is in its workers' logs
 
 
-def start(args: list[str], cores: str | None = None, log_name: str = "server") -> tuple[subprocess.Popen, str]:
+def start(args: list[str], cores: str | None = None, log_name: str = "server",
+          env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-c", "from ridgeline.cli import main; main()", *args, "--port", "0"]
     if cores is not None:
         command = ["taskset", "-c", cores, *command]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         line = process.stderr.readline()

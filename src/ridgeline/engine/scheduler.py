@@ -19,7 +19,9 @@ Priorities (SamplingParams.priority, vLLM's semantics: lower is served first) or
 sorted by priority, arrival order within one (a preempted sequence at the front of its own priority), so the
 queue's head is the most urgent request; the victim of a preemption is the running sequence of the lowest priority
 (largest value), the most recently admitted among those; and a waiting head that finds no room (KV pages or a
-slot in the batch) may preempt running sequences of strictly lower priority, never of its own or higher. With
+slot in the batch) may preempt running sequences of strictly lower priority, never of its own or higher; and a
+step's prefill budget goes to running prompts of the head's priority or higher, then the head, then running
+prompts of lower priority (a long low-priority prompt does not take every step while an urgent one waits). With
 every priority equal (the default, 0) each of these is exactly the first-come-first-served rule above.
 With ageing on (SchedulerConfig.priority_aging_steps) every waiting request gains a priority level each that many
 steps, which bounds how long a low priority can be kept out by later, higher-priority arrivals.
