@@ -125,8 +125,8 @@ def test_roofline_plot_writes_html_with_the_dashboards_drawing(tmp_path):
 def test_engine_view_counts_pages_per_group_and_the_batch_the_free_pages_allow():
     engine = tiny_engine(num_blocks=64)
     prompt = engine.tokenizer.encode(PROMPT)
-    for i in range(3):
-        engine.add_request(str(i), prompt[: 40 + 20 * i], SamplingParams(max_tokens=4, ignore_eos=True))
+    for i in range(3):  # shifted by i tokens: no shared prefix (a request would wait for another's, in flight)
+        engine.add_request(str(i), prompt[i: i + 40 + 20 * i], SamplingParams(max_tokens=4, ignore_eos=True))
     engine.step()
     view = engine_view(engine)
     (group,) = view.groups

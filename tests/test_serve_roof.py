@@ -53,7 +53,8 @@ def test_serve_draws_the_cached_roof_with_its_provenance(monkeypatch, tmp_path):
 def test_without_an_entry_serve_says_how_to_measure(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     threads = torch.get_num_threads()
-    assert f"`ridgeline measure --threads {threads}` measures it now" in roof_note("this-machine")
+    note = roof_note("this-machine")
+    assert "NOT MEASURED" in note and f"`ridgeline measure --threads {threads}` measures it" in note
     assert not this_machine.cache_path().exists()
     seed_entry(threads)
     assert roof_note("this-machine").startswith("roofline of this machine (") and "measured 2023-11-14" in roof_note("this-machine")
