@@ -12,6 +12,7 @@ from ridgeline.engine.kv_cache import KVCacheConfig
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import SchedulerConfig
+from test_kv_transfer import run  # step until done: each request's final output tokens
 
 BLOCK, BUDGET = 4, 16
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -29,15 +30,6 @@ def model(tmp_path_factory) -> str:
 def engine(model: str) -> LLMEngine:
     return LLMEngine(EngineConfig(model=model, kv_cache=KVCacheConfig(BLOCK, "fp32", 1 << 22),
                                   scheduler=SchedulerConfig(max_num_batched_tokens=BUDGET)))
-
-
-def run(engine: LLMEngine) -> dict[str, list[int]]:
-    finals = {}
-    while engine.has_unfinished():
-        for output in engine.step():
-            if output.finished:
-                finals[output.request_id] = output.output_token_ids
-    return finals
 
 
 @pytest.fixture(scope="module")
