@@ -181,8 +181,9 @@ def main() -> None:
             url = args.url
         elif args.ray:
             # serve on Ray takes the front's options and the decode workers' (one HandoffConfig): both lists go to it
+            decode_kv = ["--decode-kv-cache-memory", args.decode_kv_cache_memory] if args.decode_kv_cache_memory else []
             process, url = start(["serve", *model, "--prefill-workers", "1", "--decode-workers", "1", "--threads", "1",
-                                  "--kv-cache-memory", args.kv_cache_memory, *args.proxy_args.split(),
+                                  "--kv-cache-memory", args.kv_cache_memory, *decode_kv, *args.proxy_args.split(),
                                   *args.decode_args.split()], log_name="ray-front")
             processes.append(process)
         else:
