@@ -1,6 +1,6 @@
 """Disaggregated serving under a burst of clients: is every request answered, or refused up front, and never lost?
 
-    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_load.py --json out.json [--ray] [--requests 200]
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_load.py --json out.json [--ray | --router-fronts 2] [--requests 200]
 
 Starts `ridgeline serve --role prefill` and `--role decode` (--threads 1 each, --kv-cache-memory 512MiB by default)
 behind `ridgeline proxy` (or, with --ray, `ridgeline serve --prefill-workers 1 --decode-workers 1`; or uses --url),
