@@ -6,8 +6,8 @@ Starts `ridgeline serve --role prefill` and `--role decode` (--threads 1 each, -
 behind `ridgeline proxy` (or, with --ray, `ridgeline serve --prefill-workers 1 --decode-workers 1`; with
 --router-fronts N, N such proxy fronts behind one `ridgeline router` whose config lists each as an `openai` replica
 of one model; or uses --url), then sends --requests streamed /v1/completions, --concurrency in flight at once,
-prompts of 1 to --max-words words and max_tokens 4, 32 or 128 (all drawn from --seed), every client reading its stream to the end (or, with
---leave-fraction, some leaving after their first event). Before the load, a fixed probe set is answered greedily
+prompts of 1 to --max-words words and max_tokens 4, 32 or 128 (all drawn from --seed), every client reading its
+stream to the end (or, with --leave-fraction, some leaving after their first event). Before the load, a fixed probe set is answered greedily
 (the same before and after a change: --json keeps the texts).
 
 Each request ends as one of: complete (200, a finish_reason, [DONE]); refused (429/503 with Retry-After, before any
