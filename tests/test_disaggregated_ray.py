@@ -219,7 +219,6 @@ def test_on_ray_a_decode_step_three_leases_long_does_not_cost_the_request_its_pa
     stalled = RayWorkerPool(config, stalled_decode_start(str(release)), start_timeout=120)
     try:
         (prefill,), (decode,) = stalled.urls("prefill"), stalled.urls("decode")
-        assert 0 < metric(decode, "ridgeline_kv_cache_total_pages") < metric(prefill, "ridgeline_kv_cache_total_pages")
         with BackgroundServer(create_front_app(FrontConfig.of(settings), stalled)) as front:
             reprefills: list[int] = []
             outcome: dict = {}
@@ -238,6 +237,8 @@ def test_on_ray_a_decode_step_three_leases_long_does_not_cost_the_request_its_pa
             assert reprefills == [0] and metric(front.url, "ridgeline_front_reprefills_total") == 0
         assert metric(decode, "ridgeline_kv_transfers_failed_total") == 0
         eventually(lambda: metric(prefill, "ridgeline_kv_held_requests") == 0)
+        # (the page gauges are published once a worker has stepped)
+        assert 0 < metric(decode, "ridgeline_kv_cache_total_pages") < metric(prefill, "ridgeline_kv_cache_total_pages")
     finally:
         release.touch()
         stalled.shutdown()
