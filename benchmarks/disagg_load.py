@@ -1,12 +1,13 @@
 """Disaggregated serving under a burst of clients: is every request answered, or refused up front, and never lost?
 
-    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_load.py --json out.json [--ray] [--requests 200]
+    flock /tmp/ridgeline-cpu.lock .venv/bin/python benchmarks/disagg_load.py --json out.json [--ray | --router-fronts 2] [--requests 200]
 
 Starts `ridgeline serve --role prefill` and `--role decode` (--threads 1 each, --kv-cache-memory 512MiB by default)
-behind `ridgeline proxy` (or, with --ray, `ridgeline serve --prefill-workers 1 --decode-workers 1`; or uses --url),
-then sends --requests streamed /v1/completions, --concurrency in flight at once, prompts of 1 to --max-words words
-and max_tokens 4, 32 or 128 (all drawn from --seed), every client reading its stream to the end (or, with
---leave-fraction, some leaving after their first event). Before the load, a fixed probe set is answered greedily
+behind `ridgeline proxy` (or, with --ray, `ridgeline serve --prefill-workers 1 --decode-workers 1`; with
+--router-fronts N, N such proxy fronts behind one `ridgeline router` whose config lists each as an `openai` replica
+of one model; or uses --url), then sends --requests streamed /v1/completions, --concurrency in flight at once,
+prompts of 1 to --max-words words and max_tokens 4, 32 or 128 (all drawn from --seed), every client reading its
+stream to the end (or, with --leave-fraction, some leaving after their first event). Before the load, a fixed probe set is answered greedily
 (the same before and after a change: --json keeps the texts).
 
 Each request ends as one of: complete (200, a finish_reason, [DONE]); refused (429/503 with Retry-After, before any
@@ -14,7 +15,9 @@ byte); refused_no_retry_after (429/503 without it); client_error (any 4xx: a val
 server_error (another status); error_event (200, then an error in the stream); cut (200, the stream ended without
 [DONE]); left (the client itself left early, by design). Re-prefills are counted from the front's
 `x-ridgeline-reprefills` header and compared with the front's /metrics (`ridgeline_front_reprefills_total`), as are
-refusals (`ridgeline_front_refusals_total`).
+refusals (`ridgeline_front_refusals_total`); through the router, also its own counts: requests relayed whole
+(`ridgeline_router_requests_total{outcome="ok"}`) against the client's 200s, requests it refused with 429/503
+(`ridgeline_router_refusals_total`) against the client's refusals.
 """
 
 import argparse
@@ -23,6 +26,7 @@ import collections
 import json
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,17 +107,33 @@ async def one(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: in
     return result
 
 
-def counter(metrics_text: str, name: str) -> float:
+def counter(metrics_text: str, name: str, label: str = "") -> float:
+    """The sum of `name` over its series (those whose labels include `label`, if given)."""
     return sum(float(line.split()[-1]) for line in metrics_text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+               if (line.startswith(name + "{") or line.startswith(name + " ")) and label in line)
 
 
-async def run(url: str, args: argparse.Namespace) -> dict:
+ROUTED_MODEL = "pd"  # the model the router's config names its P/D fronts under
+
+
+async def scrape(urls: list[str]) -> str:
+    """The /metrics of every one of `urls`, one text (counter() sums a name over all of them)."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
+        return "\n".join([(await client.get(f"{url}/metrics")).text for url in urls])
+
+
+async def run(url: str, args: argparse.Namespace, fronts: list[str] | None = None) -> dict:
+    """`fronts`: the disaggregated fronts whose /metrics count re-prefills and refusals (default: `url` itself);
+    given, `url` is a router over them, and its own counts are compared too."""
+    routed = fronts is not None
+    fronts = fronts if routed else [url]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(1800.0), limits=limits) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        # (the router lists its virtual model `auto` first: name the fronts' model)
+        model = ROUTED_MODEL if routed else (await client.get("/v1/models")).json()["data"][0]["id"]
         probes = await probe(client, model)
-        before = (await client.get("/metrics")).text
+        before = await scrape(fronts)
+        router_before = (await client.get("/metrics")).text if routed else ""
         gate = asyncio.Semaphore(args.concurrency)
         rng = random.Random(args.seed + 1)
         leaving = [rng.random() < args.leave_fraction for _ in range(args.requests)]
@@ -126,7 +146,8 @@ async def run(url: str, args: argparse.Namespace) -> dict:
         results = await asyncio.gather(*(gated(i, p, m) for i, (p, m) in enumerate(requests(args))))
         seconds = time.perf_counter() - started
         await asyncio.sleep(1.0)
-        after = (await client.get("/metrics")).text
+        after = await scrape(fronts)
+        router_after = (await client.get("/metrics")).text if routed else ""
     outcomes = collections.Counter(r["outcome"] for r in results)
     statuses = collections.Counter(r.get("status", "none") for r in results)
     client_reprefills = sum(r.get("reprefills", 0) for r in results)
@@ -149,16 +170,53 @@ async def run(url: str, args: argparse.Namespace) -> dict:
         "examples": {outcome: next(r.get("body") for r in results if r["outcome"] == outcome)
                      for outcome in outcomes if outcome not in ("complete", "left")},
     }
+    if routed:
+        def routed_count(name: str, label: str = "") -> float:
+            return counter(router_after, name, label) - counter(router_before, name, label)
+
+        summary["fronts"] = len(fronts)
+        summary["client_200s"] = sum(1 for r in results if r.get("status") == 200)
+        summary["router_ok"] = routed_count("ridgeline_router_requests_total", 'outcome="ok"')
+        summary["router_refusals"] = routed_count("ridgeline_router_refusals_total")
+        summary["router_failovers"] = routed_count("ridgeline_router_failovers_total")
     ttfts = sorted(r["ttft_s"] for r in results if "ttft_s" in r)
     if ttfts:
         summary["ttft_s_p50_p99"] = [round(ttfts[len(ttfts) // 2], 2), round(ttfts[int(len(ttfts) * 0.99)], 2)]
     return summary
 
 
+def start_front(args: argparse.Namespace, model: list[str], name: str = "load") -> tuple[list, str, str]:
+    """A prefill and a decode worker (--threads 1 each) and `ridgeline proxy` over them: (processes, the proxy's
+    URL, the decode worker's URL)."""
+    decode_kv = args.decode_kv_cache_memory or args.kv_cache_memory
+    processes = []
+    prefill, prefill_url = start(["serve", *model, "--role", "prefill", "--threads", "1", "--kv-cache-memory",
+                                  args.kv_cache_memory], log_name=f"{name}-prefill")
+    processes.append(prefill)
+    decode, decode_url = start(["serve", *model, "--role", "decode", "--threads", "1", "--kv-cache-memory",
+                                decode_kv, *args.decode_args.split()], log_name=f"{name}-decode")
+    processes.append(decode)
+    proxy, url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url, *args.proxy_args.split()],
+                       log_name=f"{name}-proxy")
+    processes.append(proxy)
+    return processes, url, decode_url
+
+
+def router_config(fronts: list[str], served_name: str, directory: Path) -> Path:
+    """A router config listing each P/D front as one `openai` replica of ROUTED_MODEL."""
+    path = directory / "router.toml"
+    path.write_text("[router]\nhealth_interval_s = 1.0\n" + "".join(
+        f'\n[[backend]]\nmodel = "{ROUTED_MODEL}"\nkind = "openai"\nurl = "{url}"\nserved_name = "{served_name}"\n'
+        for url in fronts))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="an endpoint already running (default: start one)")
     parser.add_argument("--ray", action="store_true", help="workers on Ray (serve --prefill-workers/--decode-workers)")
+    parser.add_argument("--router-fronts", type=int, default=0, help="this many P/D fronts (proxy + prefill + decode "
+                        "worker each) behind `ridgeline router`, the load sent to the router (0: to one front)")
     parser.add_argument("--model", default=None, help="GGUF file or HF directory (default: the bundled model)")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=128)
@@ -177,27 +235,31 @@ def main() -> None:
     model = ["--model", args.model] if args.model else []
     processes = []
     try:
+        fronts = None
         if args.url:
             url = args.url
+        elif args.router_fronts:
+            fronts = []
+            for index in range(args.router_fronts):
+                started, front_url, _ = start_front(args, model, f"routed{index}")
+                processes.extend(started)
+                fronts.append(front_url)
+            served_name = httpx.get(f"{fronts[0]}/v1/models", timeout=60).json()["data"][0]["id"]
+            config = router_config(fronts, served_name, Path(tempfile.mkdtemp(prefix="disagg-load-router-")))
+            router, url = start(["router", str(config)], log_name="routed-router")
+            processes.append(router)
         elif args.ray:
             # serve on Ray takes the front's options and the decode workers' (one HandoffConfig): both lists go to it
+            decode_kv = ["--decode-kv-cache-memory", args.decode_kv_cache_memory] if args.decode_kv_cache_memory else []
             process, url = start(["serve", *model, "--prefill-workers", "1", "--decode-workers", "1", "--threads", "1",
-                                  "--kv-cache-memory", args.kv_cache_memory, *args.proxy_args.split(),
+                                  "--kv-cache-memory", args.kv_cache_memory, *decode_kv, *args.proxy_args.split(),
                                   *args.decode_args.split()], log_name="ray-front")
             processes.append(process)
         else:
-            decode_kv = args.decode_kv_cache_memory or args.kv_cache_memory
-            prefill, prefill_url = start(["serve", *model, "--role", "prefill", "--threads", "1", "--kv-cache-memory",
-                                          args.kv_cache_memory], log_name="load-prefill")
-            processes.append(prefill)
-            decode, decode_url = start(["serve", *model, "--role", "decode", "--threads", "1", "--kv-cache-memory",
-                                        decode_kv, *args.decode_args.split()], log_name="load-decode")
-            processes.append(decode)
-            proxy, url = start(["proxy", "--prefill", prefill_url, "--decode", decode_url,
-                                *args.proxy_args.split()], log_name="load-proxy")
-            processes.append(proxy)
-        summary = asyncio.run(run(url, args))
-        if not args.url and not args.ray:  # the decode worker's KV, for how many requests' pages it holds
+            started, url, decode_url = start_front(args, model)
+            processes.extend(started)
+        summary = asyncio.run(run(url, args, fronts))
+        if not args.url and not args.ray and not args.router_fronts:  # the decode worker's KV, for how many requests' pages it holds
             metrics = httpx.get(f"{decode_url}/metrics", timeout=60).text
             summary["decode_kv_pages"] = counter(metrics, "ridgeline_kv_cache_total_pages")
             summary["decode_kv_transfers_failed"] = counter(metrics, "ridgeline_kv_transfers_failed_total")

@@ -420,10 +420,30 @@ def test_serve_on_ray_gives_the_front_and_its_workers_one_handoff_config(monkeyp
     register_commands(["serve"])
     result = CliRunner().invoke(app, ["serve", "--prefill-workers", "1", "--decode-workers", "2", "--max-reprefills",
                                       "5", "--handoff-wait", "3.5", "--max-kv-waiting", "7", "--local-prefill-tokens",
-                                      "9"])
+                                      "9", "--kv-cache-memory", "64MiB", "--decode-kv-cache-memory", "24MiB"])
     assert result.exit_code == 0, result.output
     assert seen["pool"].handoff == HandoffConfig(local_prefill_tokens=9, max_reprefills=5, handoff_wait=3.5,
                                                  max_kv_waiting=7)
     config = seen["front"].config
     assert (config.max_reprefills, config.handoff_wait, config.local_prefill_tokens) == (5, 3.5, 9)
     assert seen["pool"].decode_workers == 2 and seen["shut down"]
+    # Each role its own KV budget (the decode side's is what its backpressure is measured against).
+    assert (seen["pool"].kv_cache_memory_for("prefill"), seen["pool"].kv_cache_memory_for("decode")) == ("64MiB", "24MiB")
+
+
+def test_decode_kv_cache_memory_is_refused_where_no_ray_decode_worker_takes_it_or_unreadable():
+    """`--decode-kv-cache-memory` sizes Ray decode workers only (a `--role decode` server is sized by
+    --kv-cache-memory), and a size that cannot be read is one line before Ray starts, not an actor's traceback."""
+    from typer.testing import CliRunner
+
+    from ridgeline.cli import app, register_commands
+    from ridgeline.cluster.ray_pool import PoolConfig
+    from ridgeline.errors import RidgelineError
+
+    register_commands(["serve"])
+    for args, reason in ((["--role", "decode", "--decode-kv-cache-memory", "1GiB"], "a --role decode server takes"),
+                         (["--prefill-workers", "1", "--decode-workers", "1", "--decode-kv-cache-memory", "lots"],
+                          "cannot read 'lots' as a size")):
+        result = CliRunner().invoke(app, ["serve", *args])
+        assert isinstance(result.exception, RidgelineError) and reason in str(result.exception), result.output
+    assert PoolConfig(kv_cache_memory="1GiB").kv_cache_memory_for("decode") == "1GiB"  # unset: one budget, as before

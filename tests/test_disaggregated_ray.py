@@ -1,7 +1,8 @@
 """Disaggregated workers as Ray actors on a local Ray cluster: the front finds them through the pool, answers equal
 colocated ones, and a decode worker that dies is restarted by Ray and rejoins the pool. Nothing accepted is lost
 (issue 41) here either: a prefill worker killed after its prefill and before the decode worker's pull makes the
-front prefill again on the worker Ray restarted; the pool's hand-off settings reach the workers."""
+front prefill again on the worker Ray restarted; the pool's hand-off settings reach the workers; a decode actor
+stalled past the prefill worker's lease still gets its pages (the lease keeping the HTTP workers have)."""
 
 import asyncio
 import time
@@ -157,3 +158,87 @@ def test_a_decode_worker_killed_between_prefill_and_hand_off_gets_the_same_pages
     assert metric(restarted, "ridgeline_kv_transfer_pages_received_total") > 0
     assert metric(restarted, "ridgeline_kv_cache_free_pages") == metric(restarted, "ridgeline_kv_cache_total_pages")
     eventually(lambda: metric(prefill, "ridgeline_kv_held_requests") == 0)
+
+
+def stalled_decode_start(release_file: str):
+    """A worker start (as server/worker_server.py's) with a fault hook in a decode worker's actor process: the moment
+    that worker takes its first prefilled request, its engine lock is held -- a decode step that does not end --
+    until `release_file` exists. The hook, not a timing, puts the stall between the take and the pull. (A closure,
+    so Ray ships it by value; it imports what it needs inside the actor.)"""
+
+    def start(role, config, host):
+        import os
+        import threading
+        import time
+
+        from ridgeline.engine.messages import ReceiveKV
+        from ridgeline.server.kv_intake import KVIntake
+        from ridgeline.server.worker_server import start_worker_server
+
+        if role == "decode":
+            accept = KVIntake.accept
+
+            def accept_then_stall(self, messages):
+                accept(self, messages)
+                if any(isinstance(m, ReceiveKV) for m in messages) and not getattr(self, "stalled", False):
+                    self.stalled = True
+                    self.driver.engine_lock.acquire()  # (a plain Lock: the thread below may let it go)
+
+                    def release() -> None:
+                        deadline = time.monotonic() + 120  # never past the test, whatever happens to it
+                        while not os.path.exists(release_file) and time.monotonic() < deadline:
+                            time.sleep(0.05)
+                        self.driver.engine_lock.release()
+
+                    threading.Thread(target=release, daemon=True).start()
+
+            KVIntake.accept = accept_then_stall
+        return start_worker_server(role, config, host)
+
+    return start
+
+
+def test_on_ray_a_decode_step_three_leases_long_does_not_cost_the_request_its_pages(pool, expected, tmp_path):
+    """Issue 41's lease race on the Ray path. A Ray worker runs the very server `serve --role` runs (create_app,
+    with the same KV source, intake and LeaseKeeper: server/worker_server.py), so the races are tested in-process
+    with a fake clock (tests/test_disaggregated_leases.py: lease expiry during a slow step, release racing a pull);
+    this one test shows that path is the one the actors run. The decode actor stalls (engine lock held) from taking
+    the request until three of the prefill actor's 1 s leases have passed: the decode worker's keeper keeps the
+    lease alive off the engine, so the answer is the colocated one, with no re-prefill and no failed transfer. The
+    pool also gives the decode role its own, smaller KV budget (--decode-kv-cache-memory), seen in its page count."""
+    import threading
+
+    from ridgeline.cluster.ray_pool import PoolConfig, RayWorkerPool
+    from ridgeline.server.disaggregated_front import FrontConfig, create_front_app
+    from ridgeline.server.launcher import BackgroundServer
+
+    settings = HandoffConfig(local_prefill_tokens=1, kv_lease_seconds=1.0)
+    release = tmp_path / "release"
+    config = PoolConfig(model=str(tiny_model_path()), kv_cache_memory="10MiB", decode_kv_cache_memory="6MiB",
+                        kv_cache_dtype="fp32", cpus_per_worker=0.5, handoff=settings)
+    stalled = RayWorkerPool(config, stalled_decode_start(str(release)), start_timeout=120)
+    try:
+        (prefill,), (decode,) = stalled.urls("prefill"), stalled.urls("decode")
+        with BackgroundServer(create_front_app(FrontConfig.of(settings), stalled)) as front:
+            reprefills: list[int] = []
+            outcome: dict = {}
+            asking = threading.Thread(target=lambda: outcome.update(text=answer(front.url, reprefills)))
+            asking.start()
+
+            def kv_waiting() -> int:
+                return httpx.post(f"{decode}/v1/kv/lookup", json={"prompt": PROMPT}).json()["kv_waiting"]
+
+            eventually(lambda: kv_waiting() == 1, 60)  # taken, and stuck behind the stalled step
+            time.sleep(3.0)  # three leases
+            assert metric(prefill, "ridgeline_kv_held_requests") == 1, "the lease lapsed"
+            release.touch()
+            asking.join(60)
+            assert outcome.get("text") == expected
+            assert reprefills == [0] and metric(front.url, "ridgeline_front_reprefills_total") == 0
+        assert metric(decode, "ridgeline_kv_transfers_failed_total") == 0
+        eventually(lambda: metric(prefill, "ridgeline_kv_held_requests") == 0)
+        # (the page gauges are published once a worker has stepped)
+        assert 0 < metric(decode, "ridgeline_kv_cache_total_pages") < metric(prefill, "ridgeline_kv_cache_total_pages")
+    finally:
+        release.touch()
+        stalled.shutdown()

@@ -221,6 +221,8 @@ def test_a_busy_backend_alone_is_passed_on_as_its_503_and_retry_after_never_a_4x
         with pytest.raises(openai.InternalServerError) as raised:
             client.completions.create(**body)
         assert raised.value.status_code == 503
+    # Each of the three refusals counted, so a load's client-side refusals can be checked against /metrics.
+    assert 'ridgeline_router_refusals_total{model="front",status="503"} 3.0' in httpx.get(server.url + "/metrics").text
 
 
 def test_a_backend_429_is_passed_on_as_a_429_with_its_retry_after(busy_stack):
@@ -229,6 +231,7 @@ def test_a_backend_429_is_passed_on_as_a_429_with_its_retry_after(busy_stack):
                          json={"model": "limited", "messages": [{"role": "user", "content": "hi"}]})
     assert refused.status_code == 429 and refused.headers["retry-after"] == "3"
     assert refused.json()["error"]["code"] == "rate_limited" and len(calls["throttled"]) == 1
+    assert 'ridgeline_router_refusals_total{model="limited",status="429"} 1.0' in httpx.get(server.url + "/metrics").text
 
 
 def test_a_busy_backend_with_another_replica_is_skipped_for_it(busy_stack):

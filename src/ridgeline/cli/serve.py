@@ -29,7 +29,8 @@ def serve_command(
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step (all of them prefill when no decode runs; see --itl-target-ms)."),
     itl_target_ms: str = ITL_TARGET_MS,
     priority_aging_steps: int = typer.Option(None, "--priority-aging-steps", min=1, help="Ageing: every this many engine steps, each waiting request goes one priority level earlier, so a low priority (a batch tenant) is admitted at last under sustained higher-priority load (default: strict priority)."),
-    kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB."),
+    kv_cache_memory: str = typer.Option("2GiB", "--kv-cache-memory", help="KV-cache budget, e.g. 2GiB or 512MiB (with Ray workers: each worker's, unless --decode-kv-cache-memory sets the decode workers')."),
+    decode_kv_cache_memory: str = typer.Option(None, "--decode-kv-cache-memory", help="Disaggregated on Ray: each decode worker's KV-cache budget, e.g. 8GiB (default: --kv-cache-memory). A decode worker keeps every running request's pages to its last token, a prefill worker a prompt's only until it is pulled, so the decode side usually wants more."),
     kv_cache_dtype: str = KV_CACHE_DTYPE,
     kv_cache_dtype_k: str = KV_CACHE_DTYPE_K,
     kv_cache_dtype_v: str = KV_CACHE_DTYPE_V,
@@ -62,6 +63,12 @@ def serve_command(
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (as `ridgeline measure` cached it, else a napkin estimate labelled NOT MEASURED; never measured here)."),
 ) -> None:
     _check_engine_core(engine_core, role, router, prefill_workers or decode_workers, usd_per_hour)
+    if decode_kv_cache_memory is not None and not (prefill_workers or decode_workers):
+        from ridgeline.errors import RidgelineError
+
+        # A `--role decode` server is one decode worker: its budget is --kv-cache-memory.
+        raise RidgelineError("--decode-kv-cache-memory sizes Ray decode workers (--prefill-workers/--decode-workers); "
+                             "a --role decode server takes --kv-cache-memory")
     if tenants is not None:
         from ridgeline.tenancy.config import load_tenants
 
@@ -77,7 +84,8 @@ def serve_command(
 
             raise RidgelineError("Ray workers take one KV type for K and V: use --kv-cache-dtype")
         _serve_on_ray(model, host, port, prefill_workers, decode_workers, ray_address, threads, kv_cache_memory,
-                      kv_cache_dtype, handoff_config(local_prefill_tokens, max_reprefills, handoff_wait, max_kv_waiting))
+                      kv_cache_dtype, handoff_config(local_prefill_tokens, max_reprefills, handoff_wait, max_kv_waiting),
+                      decode_kv_cache_memory)
         return
     from ridgeline.engine.options import engine_config, parse_itl_target
     from ridgeline.dashboard.machine import roof_note
@@ -175,7 +183,7 @@ def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_wor
 
 def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int, decode_workers: int,
                   ray_address: str | None, threads: int | None, kv_cache_memory: str, kv_cache_dtype: str,
-                  settings: "HandoffConfig") -> None:
+                  settings: "HandoffConfig", decode_kv_cache_memory: str | None = None) -> None:
     """Pools of prefill and decode workers placed and restarted by Ray, and the disaggregated front here; both read
     the hand-off settings from `settings` (the front its re-prefills and hand-off wait, each decode worker its KV
     queue bound), so the guarantees of `ridgeline proxy` over `serve --role` hold here as they are set there."""
@@ -185,6 +193,11 @@ def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int
 
     if not (prefill_workers and decode_workers):
         raise RidgelineError("disaggregated serving on Ray needs --prefill-workers and --decode-workers both >= 1")
+    from ridgeline.engine.options import parse_bytes
+
+    for size in (kv_cache_memory, decode_kv_cache_memory):  # a bad size is one line here, not an actor's traceback
+        if size is not None:
+            parse_bytes(size)
     try:
         from ridgeline.cluster.ray_pool import PoolConfig, RayWorkerPool
     except ImportError as error:
@@ -196,7 +209,8 @@ def _serve_on_ray(model: Path | None, host: str, port: int, prefill_workers: int
     configure_logging()
     config = PoolConfig(model=None if model is None else str(model.resolve()), prefill_workers=prefill_workers,
                         decode_workers=decode_workers, threads_per_worker=threads or 1,
-                        kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, handoff=settings)
+                        kv_cache_memory=kv_cache_memory, decode_kv_cache_memory=decode_kv_cache_memory,
+                        kv_cache_dtype=kv_cache_dtype, handoff=settings)
     console = Console(stderr=True)
     with console.status(f"starting {prefill_workers} prefill and {decode_workers} decode workers on Ray"):
         pool = RayWorkerPool(config, start_worker_server, address=ray_address)

@@ -1,4 +1,4 @@
-"""The router's Prometheus metrics, in its own registry: requests and failovers per replica, `auto` decisions by
+"""The router's Prometheus metrics, in its own registry: requests and failovers per replica, refusals per model, `auto` decisions by
 chosen model and kind, decision time, and per-replica health, counted load and affinity."""
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -13,6 +13,10 @@ class RouterMetrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("ridgeline_router_requests", "Requests by model, replica and outcome.",
                                 ["model", "replica", "outcome"], registry=r)
+        # A client's request that no replica took (each busy, down or refusing): answered 503, or a busy backend's
+        # own 429/503, with Retry-After. With requests{outcome="ok"} it accounts for every request a client sent.
+        self.refusals = Counter("ridgeline_router_refusals", "Requests no replica took, answered 429/503 with "
+                                "Retry-After, by model and status.", ["model", "status"], registry=r)
         self.failovers = Counter("ridgeline_router_failovers", "Requests moved to another replica before starting.",
                                  ["model", "from_replica"], registry=r)
         self.decisions = Counter("ridgeline_router_auto_decisions", "`auto` requests by chosen model and why.",

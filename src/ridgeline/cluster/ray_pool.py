@@ -25,11 +25,21 @@ class PoolConfig:
     cpus_per_worker: float = 1.0
     threads_per_worker: int = 1
     kv_cache_memory: str = "1GiB"
+    # The decode workers' own KV budget (None: kv_cache_memory). A decode worker holds every running request's pages
+    # for its whole output while a prefill worker holds a prompt's only until it is pulled, so the two are sized
+    # apart -- and a small decode budget is how its backpressure (429/503 before a prefill) is exercised.
+    decode_kv_cache_memory: str | None = None
     kv_cache_dtype: str = "bf16"
     max_restarts: int = -1  # Ray restarts a dead worker this many times (-1: always)
     # The deployment's hand-off settings: each decode worker's KV queue bound and each prefill worker's lease come
     # from here, the front's part (re-prefills, hand-off wait) from the same value (FrontConfig.of).
     handoff: HandoffConfig = field(default_factory=HandoffConfig)
+
+    def kv_cache_memory_for(self, role: str) -> str:
+        """The KV budget of one worker of `role`."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        return self.decode_kv_cache_memory if role == "decode" and self.decode_kv_cache_memory else self.kv_cache_memory
 
 
 def _worker_actor_class():

@@ -196,10 +196,12 @@ class Router:
         ends soonest (status, body, Retry-After) if one refused it, else a 503 with the soonest Retry-After."""
         soonest = min(busy, key=lambda b: b.retry_after if b.retry_after is not None else 1.0, default=None)
         retry_after = soonest.retry_after if soonest is not None else self.retry_after(model)
-        return NoReplicaAvailable(f"no replica of {model!r} could take the request"
+        refused = NoReplicaAvailable(f"no replica of {model!r} could take the request"
                                   + (f" ({'; '.join(refusals)})" if refusals else
                                      " (all busy)" if retry_after is not None else " (none is up)"),
                                   retry_after, soonest)
+        self.metrics.refusals.labels(model, str(refused.status)).inc()
+        return refused
 
     def rank(self, model: str, prompt_tokens: int, output_tokens: int | None = None,
              prompt_ids: list[int] | None = None) -> list[ReplicaChoice]:

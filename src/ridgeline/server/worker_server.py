@@ -12,7 +12,7 @@ def start_worker_server(role: str, config: PoolConfig, host: str) -> str:
     from ridgeline.server.launcher import BackgroundServer, freeze_startup_heap
 
     engine = LLMEngine(engine_config(config.model, threads=config.threads_per_worker,
-                                     kv_cache_memory=config.kv_cache_memory, kv_cache_dtype=config.kv_cache_dtype))
+                                     kv_cache_memory=config.kv_cache_memory_for(role), kv_cache_dtype=config.kv_cache_dtype))
     engine.populate_kv_in_background()
     server = BackgroundServer(create_app(engine, ServerConfig(host=host, role=role, kv_bind=f"tcp://{host}:*",
                                                               max_kv_waiting=config.handoff.max_kv_waiting,
