@@ -13,7 +13,7 @@ The process `serve` runs in becomes their supervisor and answers nothing itself:
   API process sees the death on its pidfd of the core, ends what it had in flight with 503 `engine_dead`, and takes
   requests again once the new core says it is ready.
 - SIGTERM or Ctrl-C: forwarded as SIGTERM to every API process, each of which drains as a one-process server does;
-  once they have all exited, the core is ended (SIGKILL: nothing is in flight then). A second signal is forwarded
+  once they have all exited, the core is ended (SIGTERM: nothing is in flight then). A second signal is forwarded
   too (each API process then exits at once). SIGHUP (the tenants file's reload) is forwarded.
 - An API process that exits by itself (a crash, or a core it gave up on) takes the whole server down with exit
   status 1, for whatever supervises `serve` to restart it whole; so does a core that keeps dying. Should this
@@ -201,7 +201,12 @@ class ApiServers:
                     pass
 
     def _stop_core(self) -> None:
-        """Every API process has gone, so nothing is in flight: the core is simply ended (it ignores SIGTERM)."""
-        if self.core is not None and self.core.is_alive():
-            self.core.kill()
+        """Every API process has gone, so nothing is in flight: the core is simply ended."""
+        if self.core is None:
+            return
+        if self.core.is_alive():
+            self.core.terminate()
             self.core.join(STOP_SECONDS)
+        if self.core.is_alive():
+            self.core.kill()
+            self.core.join(5)

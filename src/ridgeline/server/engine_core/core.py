@@ -10,9 +10,9 @@ It serves one API process, or several (`serve --api-server-count N`): one socket
 back on the pair its Submit came in on (each sink carries its API process's index); every snapshot, CoreReady and
 EngineDead goes to all of them, since each one's /metrics, /health and dashboard read the engine's state.
 
-The process ends when told (Shutdown), when its engine fails (EngineDead is sent first), when killed (several API
-processes: their supervisor kills it once they have all drained; SIGTERM and SIGINT are ignored, see run_core), or
-when the process that started it is gone (its parent pid changes): a core never outlives its server.
+The process ends when told (Shutdown), when its engine fails (EngineDead is sent first), on SIGTERM (several API
+processes: their supervisor sends it once they have all drained), or when the process that started it is gone
+(its parent pid changes): a core never outlives its server.
 """
 
 import os
@@ -155,11 +155,12 @@ class CoreServer:
 def run_core(config, endpoints: list[tuple[str, str]], parent_pid: int) -> None:
     """The core process's entry point (multiprocessing, spawn): build the engine from `config` (an EngineConfig),
     then serve the API processes at `endpoints` until told to stop."""
-    # Ctrl-C reaches the whole process group, and so does a SIGTERM sent to the group (`timeout`, a container's
-    # stop): whoever started this core stops it in order once its API processes have drained (Shutdown; with
-    # several API processes, their supervisor's SIGKILL once none is left, so nothing is in flight), not before.
+    # A process group of its own: Ctrl-C on a terminal, or a SIGTERM to the whole group (`timeout`), reaches the
+    # process that started this core, which stops it in order once its requests have drained (Shutdown; with
+    # several API processes, their supervisor once none is left), not before. SIGTERM itself is still obeyed:
+    # multiprocessing ends a daemon child so at exit, and joins it. SIGINT is ignored should one arrive anyway.
+    os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from ridgeline.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config)
