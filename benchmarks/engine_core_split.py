@@ -262,7 +262,7 @@ async def hold(url: str, held: int, read_delay: float, max_tokens: int, family: 
         await asyncio.gather(*(one(client, index) for index in range(held)))
         await sampler
         seconds = time.perf_counter() - began
-    peak = max(samples, key=lambda s: sum(s["held"].values()))
+    peak = peak_sample(samples, api)
     held_at_peak = sum(peak["held"].values())
     api_growth = sum(peak["rss_mib"][role] - before[role] for role in api)
     return {
@@ -276,6 +276,14 @@ async def hold(url: str, held: int, read_delay: float, max_tokens: int, family: 
         if "engine_core" in family else None,
         "samples": [{**s, "t": round(s["t"] - began, 2)} for s in samples],
     }
+
+
+def peak_sample(samples: list[dict], api: dict) -> dict:
+    """The moment the most connections were held; of those moments, the one where the API processes' RSS was
+    highest (the first such sample comes right after the connections opened, before their requests' state was)."""
+    most = max(sum(s["held"].values()) for s in samples)
+    return max((s for s in samples if sum(s["held"].values()) == most),
+               key=lambda s: sum(s["rss_mib"][role] or 0 for role in api))
 
 
 def held_round(count: int, args: Namespace) -> dict:
