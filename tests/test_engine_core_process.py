@@ -189,7 +189,7 @@ def test_no_orphan_core_after_serve_ends(how):
 
 
 @pytest.mark.parametrize("args", [["--role", "prefill"], ["--decode-workers", "1", "--prefill-workers", "1"],
-                                  ["--engine-core", "fork"]])
+                                  ["--engine-core", "fork"], ["--engine-core", "thread", "--api-server-count", "2"]])
 def test_unsupported_combinations_are_refused(args):
     options = ["--engine-core", "process", *args] if args[0] != "--engine-core" else args
     result = subprocess.run([sys.executable, "-c", "from ridgeline.cli import main; main()", "serve",

@@ -60,9 +60,10 @@ def serve_command(
     memory: str = typer.Option(None, "--memory", help="With --router: memory budget, e.g. 16GB; load only the tiers that fit."),
     usd_per_hour: float = typer.Option(None, "--usd-per-hour", min=0, help="This machine's price, US dollars an hour: /metrics and the dashboard show its live $ per million tokens at it."),
     engine_core: str = typer.Option("thread", "--engine-core", help="thread: the engine steps on a thread of the server's process. process: in a process of its own, driven over ZeroMQ, so tokenising, templating and HTTP never hold its GIL (docs/engine_core.md); a killed core fails its requests with 503 and is restarted. Not with --role prefill/decode, Ray workers or --router."),
+    api_server_count: int = typer.Option(1, "--api-server-count", min=1, help="With --engine-core process: this many API-server processes (HTTP, tokenising, chat templates, streaming) on one port (SO_REUSEPORT), all driving the one engine core; each answers with an X-Ridgeline-Api-Server header, and its /metrics counts its own requests beside the core's gauges (docs/engine_core.md)."),
     hardware: str = typer.Option("this-machine", "--hardware", help="Machine the /dashboard roofline is drawn for: a catalogue name, or this-machine (as `ridgeline measure` cached it, else a napkin estimate labelled NOT MEASURED; never measured here)."),
 ) -> None:
-    _check_engine_core(engine_core, role, router, prefill_workers or decode_workers, usd_per_hour)
+    _check_engine_core(engine_core, role, router, prefill_workers or decode_workers, usd_per_hour, api_server_count)
     if decode_kv_cache_memory is not None and not (prefill_workers or decode_workers):
         from ridgeline.errors import RidgelineError
 
@@ -133,6 +134,12 @@ def serve_command(
         usd_per_hour=usd_per_hour,
     )
     console = Console(stderr=True)
+    if api_server_count > 1:
+        from ridgeline.server.engine_core.api_servers import ApiServers
+
+        console.print(f"{api_server_count} API processes in front of one engine core; API process 0 logs the "
+                      "core's pid and capacity once its model is loaded", highlight=False)
+        raise typer.Exit(ApiServers(config, server_config, api_server_count).run())
     if engine_core == "process":
         from ridgeline.server.engine_core.process import CoreProcess
 
@@ -159,7 +166,7 @@ ENGINE_CORES = ("thread", "process")
 
 
 def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_workers: int,
-                       usd_per_hour: float | None = None) -> None:
+                       usd_per_hour: float | None = None, api_server_count: int = 1) -> None:
     """--engine-core process runs the one-model colocated server; what reads the engine from the server's own
     process (a prefill worker's KV source, a decode worker's KV intake) or runs engines elsewhere is refused here,
     before anything loads."""
@@ -168,6 +175,9 @@ def _check_engine_core(engine_core: str, role: str, router: Path | None, ray_wor
     if engine_core not in ENGINE_CORES:
         raise RidgelineError(f"--engine-core must be one of {', '.join(ENGINE_CORES)}, got {engine_core!r}")
     if engine_core == "thread":
+        if api_server_count > 1:  # one engine thread per process: several API processes need a core to share
+            raise RidgelineError("--api-server-count above 1 needs --engine-core process (the API processes share "
+                                 "one engine core)")
         return
     if role != "both":
         raise RidgelineError(f"--engine-core process serves --role both only, not --role {role} (the KV hand-off "

@@ -29,7 +29,7 @@ from ridgeline.server.engine_core.process import CoreProcess
 from ridgeline.server.errors import APIError, error_response, install_error_handlers
 from ridgeline.server.kv_intake import MAX_KV_WAITING
 from ridgeline.server.metrics import LiveCost, ServerMetrics
-from ridgeline.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from ridgeline.server.middleware import ApiKeyMiddleware, ApiServerHeaderMiddleware, BodySizeLimitMiddleware
 from ridgeline.server.openapi import install_openapi
 from ridgeline.server.protocol import (
     ChatCompletionRequest,
@@ -70,6 +70,8 @@ class ServerConfig:
     tenants_file: str | None = None  # tenants, keys and limits (tenancy/config.py); None: --api-key alone, or open
     usage_db: str | None = None  # the tenants' shared usage store (SQLite); None: beside the tenants file
     usd_per_hour: float | None = None  # this machine's price: live $/Mtok in /metrics and the dashboard; None: unpriced
+    api_server_index: int = 0  # which of api_server_count API processes this is (serve --api-server-count)
+    api_server_count: int = 1  # API processes in front of one engine core (server/engine_core/api_servers.py)
 
 
 def create_app(engine, config: ServerConfig) -> FastAPI:
@@ -94,7 +96,8 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
         if config.role != "both":  # a prefill worker's KV source and a decode worker's intake read the engine here
             raise RidgelineError(f"--role {config.role} needs the engine in this process (--engine-core thread)")
         feed = DashboardFeed(None, view=engine.ready.view)
-        driver = ProcessEngine(engine, metrics, max_num_seqs, config.max_waiting, feed=feed)
+        driver = ProcessEngine(engine, metrics, max_num_seqs, config.max_waiting, feed=feed,
+                               api_servers=config.api_server_count)
     else:
         feed = DashboardFeed(engine)
         driver = AsyncEngine(engine, metrics, max_num_seqs, config.max_waiting,
@@ -142,6 +145,9 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_key or tenants is not None:  # outermost: no key, no body read
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, tenants=tenants)
+    if config.api_server_count > 1:
+        app.add_middleware(ApiServerHeaderMiddleware, index=config.api_server_index)  # outermost: on every answer
+        metrics.describe_api_server(config.api_server_index, config.api_server_count)
     tenant_metrics = None
     if tenants is not None:
         tenant_metrics = install_tenancy(app, tenants)

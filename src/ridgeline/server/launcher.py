@@ -47,6 +47,13 @@ class GracefulServer(uvicorn.Server):
         super().__init__(config)
         self.grace = grace
 
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if sockets is not None and self.started:
+            # uvicorn says where it listens only on sockets it bound itself; each of several API processes sharing a
+            # port (server/engine_core/api_servers.py) says it as uvicorn would, for whatever reads the log line.
+            self._log_started_message(sockets)
+
     def handle_exit(self, sig: int, frame) -> None:
         grace = self.grace
         if self.should_exit and sig in (signal.SIGTERM, signal.SIGINT):
@@ -63,20 +70,22 @@ class GracefulServer(uvicorn.Server):
             loop.call_soon_threadsafe(begin, grace)
 
 
-def serve_until_signalled(app: FastAPI, host: str, port: int, grace: float, **options) -> None:
-    """Serve until SIGTERM or SIGINT (GracefulServer); return after the shutdown."""
+def serve_until_signalled(app: FastAPI, host: str, port: int, grace: float, sockets: list | None = None,
+                          **options) -> None:
+    """Serve until SIGTERM or SIGINT (GracefulServer); return after the shutdown. `sockets`: bound sockets to
+    listen on instead of binding host:port (several API processes sharing one port)."""
     # uvicorn re-raises the signal it caught once it has shut down; ignoring SIGTERM by then makes that a clean exit.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     config = uvicorn.Config(app, host=host, port=port, access_log=False, log_level="info",
                             timeout_graceful_shutdown=grace + FLUSH_SECONDS, **options)
-    GracefulServer(config, grace).run()
+    GracefulServer(config, grace).run(sockets=sockets)
 
 
-def run_server(app: FastAPI, config: ServerConfig) -> None:
+def run_server(app: FastAPI, config: ServerConfig, sockets: list | None = None) -> None:
     """Serve until SIGTERM or SIGINT: stop accepting, give in-flight requests drain_timeout to finish, answer the
     rest with an explicit error and abort them, stop the engine, return; a second signal exits at once."""
     freeze_startup_heap()
-    serve_until_signalled(app, config.host, config.port, config.drain_timeout,
+    serve_until_signalled(app, config.host, config.port, config.drain_timeout, sockets=sockets,
                           http=protocol_with_deadline(config.request_read_timeout),
                           limit_concurrency=config.max_connections)
 

@@ -4,6 +4,7 @@ Each server owns its own `CollectorRegistry` (not prometheus-client's global one
 can live in one process, as they do in the tests.
 """
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -196,6 +197,14 @@ class ServerMetrics:
         self.cost_utilisation = Gauge("ridgeline_cost_window_busy_ratio",
                                       "Share of the cost window the engine spent in forward passes (0..1).",
                                       list(labels), registry=self.registry).labels(**labels)
+
+    def describe_api_server(self, index: int, count: int) -> None:
+        """One of several API processes over one engine core: a scrape reaches whichever the kernel gave the
+        connection, so it says which. The request counters and latency histograms that follow are this process's
+        own traffic; the engine's gauges (running, waiting, pages...) are the core's, the same in every one."""
+        info = Gauge("ridgeline_api_server_info", "This API process among the server's (1 on the one answering).",
+                     ["model_name", "index", "count", "pid"], registry=self.registry)
+        info.labels(model_name=self.model_name, index=str(index), count=str(count), pid=str(os.getpid())).set(1)
 
     def refresh_cost(self, now: float | None = None) -> TokenCost | None:
         """Set the cost gauges from the live window (None: no price configured, nothing is set)."""

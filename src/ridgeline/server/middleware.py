@@ -91,3 +91,25 @@ class BodySizeLimitMiddleware:
 
     async def _too_large(self, send: Send) -> None:
         await _send_error(send, 413, f"request body is larger than {self.max_bytes} bytes")
+
+
+class ApiServerHeaderMiddleware:
+    """With several API processes (`serve --api-server-count N`), every response says which one answered
+    (`X-Ridgeline-Api-Server: INDEX`): the kernel spreads connections over them, and a client, a test or an
+    operator reading /metrics needs to know whose counters it got."""
+
+    def __init__(self, app: ASGIApp, index: int):
+        self.app = app
+        self.header = (b"x-ridgeline-api-server", str(index).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)

@@ -56,6 +56,7 @@ class CoreClient:
         self.error: str | None = None  # set while the core is down (restarting) or for good
         self.restarts: list[float] = []  # when each restart began (the restart budget's window)
         self._wake_r, self._wake_w = os.pipe()  # stop() wakes the receiver's poll through this
+        core.wake_fd = self._wake_r  # and a wait for a restarted core that another process starts (AttachedCore)
         self._thread = threading.Thread(target=self._receive, name="ridgeline-core-client", daemon=True)
 
     # ------------------------------------------------------------ the engine thread's interface, any thread
@@ -104,7 +105,8 @@ class CoreClient:
             if self._stopping:
                 return
             self._stopping = True
-            if self.core.alive and self.core.push is not None:
+            # A core shared by several API processes is their supervisor's to stop, once they have all drained.
+            if self.core.owns_core and self.core.alive and self.core.push is not None:
                 self.core.send(encode(Shutdown()))
         os.write(self._wake_w, b"x")
         self.core.join()
@@ -124,16 +126,15 @@ class CoreClient:
         while not self._stopping:
             poller = zmq.Poller()
             poller.register(self.core.pull, zmq.POLLIN)
-            poller.register(self.core.process.sentinel, zmq.POLLIN)
+            poller.register(self.core.sentinel, zmq.POLLIN)
             poller.register(self._wake_r, zmq.POLLIN)
             dead = None
             while dead is None and not self._stopping:
                 events = dict(poller.poll())
                 if self.core.pull in events:
                     dead = self._drain()
-                elif self.core.process.sentinel in events:
-                    self.core.process.join(1)  # reaped, so its exit status is known
-                    dead = self._drain() or f"its process ended, exit status {self.core.process.exitcode}"
+                elif self.core.sentinel in events:
+                    dead = self._drain() or self.core.ended()
             if self._stopping or not self._restart(dead):
                 return
 
@@ -183,6 +184,8 @@ class CoreClient:
         try:
             ready = self.core.start()
         except RidgelineError as error:
+            if self._stopping:  # stop() ended the wait for the next core: nothing to give up on
+                return False
             return self._giving_up(f"the engine core could not be restarted: {error}")
         log.info("engine core restarted (pid %d)", ready.pid)
         with self._lock:
@@ -206,12 +209,16 @@ class CoreClient:
 class ProcessEngine(EngineFront):
     """EngineFront over an engine core in its own process (already started: `core.ready` is set)."""
 
-    def __init__(self, core: CoreProcess, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int, feed=None):
+    def __init__(self, core: CoreProcess, metrics: ServerMetrics, max_num_seqs: int, max_waiting: int, feed=None,
+                 api_servers: int = 1):
         super().__init__(metrics)
         self.core = core
         self.feed = feed
         self.kv_intake = KVIntake(None, metrics)  # no ReceiveKV here: the P/D roles are refused with this core
-        self.driver = CoreClient(core, max_num_seqs + max_waiting, self._deliver_soon, self._observe)
+        # The core's engine queues whatever it is sent: the bound on requests in flight is kept here, so with
+        # several API processes each takes its share (rounded up), and together they never send much more.
+        capacity = -(-(max_num_seqs + max_waiting) // api_servers)
+        self.driver = CoreClient(core, capacity, self._deliver_soon, self._observe)
         self.snapshot = EngineSnapshot(core.ready.stats, 0, time.monotonic())
 
     def _observe(self, outputs: list, snapshot: StatsSnapshot) -> None:

@@ -6,8 +6,13 @@ queue, which applies them between steps exactly as in-process (engine/engine_thr
 one StepOutputs per step from its delivery hook. Nothing here tokenises, templates or speaks HTTP: the GIL of this
 process is the engine's.
 
-The process ends when told (Shutdown), when its engine fails (EngineDead is sent first), or when the API process
-that started it is gone (its parent pid changes): a core never outlives its server.
+It serves one API process, or several (`serve --api-server-count N`): one socket pair each. A request's outputs go
+back on the pair its Submit came in on (each sink carries its API process's index); every snapshot, CoreReady and
+EngineDead goes to all of them, since each one's /metrics, /health and dashboard read the engine's state.
+
+The process ends when told (Shutdown), when its engine fails (EngineDead is sent first), on SIGTERM (several API
+processes: their supervisor sends it once they have all drained), or when the process that started it is gone
+(its parent pid changes): a core never outlives its server.
 """
 
 import os
@@ -28,16 +33,22 @@ POLL_MS = 200  # how often the main thread looks at its parent and its engine th
 
 
 class CoreServer:
-    """One engine and its two sockets, in the core's process."""
+    """One engine and a pair of sockets per API process, in the core's process. `endpoints`: (inbound, outbound)
+    for each API process, in their order (the index is the API process's)."""
 
-    def __init__(self, engine, inbound: str, outbound: str):
+    def __init__(self, engine, endpoints: list[tuple[str, str]]):
         self.engine = engine
         self.context = zmq.Context()
-        self.inbound = self.context.socket(zmq.PULL)
-        self.inbound.connect(inbound)
-        self.outbound = self.context.socket(zmq.PUSH)
-        self.outbound.setsockopt(zmq.LINGER, 1000)
-        self.outbound.connect(outbound)
+        self.inbound: list[zmq.Socket] = []
+        self.outbound: list[zmq.Socket] = []
+        for inbound, outbound in endpoints:
+            pull = self.context.socket(zmq.PULL)
+            pull.connect(inbound)
+            push = self.context.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 1000)
+            push.connect(outbound)
+            self.inbound.append(pull)
+            self.outbound.append(push)
         self._send_lock = threading.Lock()  # the engine thread and the main thread both send; a socket is not shared
         self.feed = DashboardFeed(engine)  # only for its throttled EngineView: latencies are kept API-side
         self._last_view = self.feed.view
@@ -45,10 +56,12 @@ class CoreServer:
         self._pending: StatsSnapshot | None = None
         self.driver = EngineThread(engine, "ridgeline-engine-core", deliver=self._ship, observers=[self._observe])
 
-    def send(self, message) -> None:
+    def send(self, message, to: int | None = None) -> None:
+        """To API process `to`, or to every one (None)."""
         frame = encode(message)
         with self._send_lock:
-            self.outbound.send(frame, copy=False)
+            for socket in self.outbound if to is None else [self.outbound[to]]:
+                socket.send(frame, copy=False)
 
     # ------------------------------------------------------------ engine thread (engine_lock held in _observe)
 
@@ -68,7 +81,15 @@ class CoreServer:
 
     def _ship(self, deliveries: list[Delivery]) -> None:
         snapshot, self._pending = self._pending, None
-        self.send(StepOutputs(tuple(sink(item) for sink, item in deliveries), snapshot))  # (request_id, item)
+        by_owner: dict[int, list] = {}
+        for sink, item in deliveries:
+            owner, request_id, item = sink(item)
+            by_owner.setdefault(owner, []).append((request_id, item))
+        # Each API process gets its own requests' outputs; the snapshot goes to all (each one's /metrics reads it),
+        # in the same frame as its outputs where it has some.
+        for owner in range(len(self.outbound)):
+            if owner in by_owner or snapshot is not None:
+                self.send(StepOutputs(tuple(by_owner.get(owner, ())), snapshot), to=owner)
 
     # ------------------------------------------------------------ main thread
 
@@ -83,7 +104,8 @@ class CoreServer:
         self.send(self.ready())  # before the engine thread runs: nothing else reads the engine yet
         self.driver.start()
         poller = zmq.Poller()
-        poller.register(self.inbound, zmq.POLLIN)
+        for socket in self.inbound:
+            poller.register(socket, zmq.POLLIN)
         try:
             while True:
                 if not self.driver.alive:
@@ -92,48 +114,56 @@ class CoreServer:
                 if os.getppid() != parent_pid:  # the API process died (kill -9): nobody to serve
                     self.driver.kill("API process gone")
                     return 0
-                if not poller.poll(POLL_MS):
-                    continue
-                while True:
-                    try:
-                        frame = self.inbound.recv(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    message = decode(frame.buffer)
-                    if isinstance(message, Shutdown):
-                        self.driver.stop()
-                        return 0
-                    self._apply(message)
+                for socket in dict(poller.poll(POLL_MS)):
+                    owner = self.inbound.index(socket)
+                    while True:
+                        try:
+                            frame = socket.recv(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        message = decode(frame.buffer)
+                        if isinstance(message, Shutdown):
+                            self.driver.stop()
+                            return 0
+                        self._apply(message, owner)
         finally:
             self.close()
 
-    def _apply(self, message) -> None:
+    def _apply(self, message, owner: int) -> None:
         if isinstance(message, Submit):
-            # The sink tags each output with its request id: deliveries become (request_id, item) pairs to ship.
-            routed = [(request, lambda item, rid=request.request_id: (rid, item)) for request in message.requests]
+            # The sink tags each output with the API process it goes back to and its request id: deliveries become
+            # (owner, request_id, item) triples to ship.
+            routed = [(request, lambda item, rid=request.request_id: (owner, rid, item)) for request in message.requests]
             try:
                 self.driver.submit(routed)
             except RidgelineError as error:  # an id already in flight here: the request alone fails
-                self.send(StepOutputs(tuple((request.request_id, error) for request in message.requests), None))
+                self.send(StepOutputs(tuple((request.request_id, error) for request in message.requests), None),
+                          to=owner)
         elif isinstance(message, Abort):
             self.driver.send([AbortRequest(request_id) for request_id in message.request_ids])
         else:
             raise TypeError(f"the engine core takes no {type(message).__name__}")
 
     def close(self) -> None:
-        self.inbound.close(linger=0)
-        self.outbound.close()
+        for socket in self.inbound:
+            socket.close(linger=0)
+        for socket in self.outbound:
+            socket.close()
         self.context.term()
 
 
-def run_core(config, inbound: str, outbound: str, parent_pid: int) -> None:
+def run_core(config, endpoints: list[tuple[str, str]], parent_pid: int) -> None:
     """The core process's entry point (multiprocessing, spawn): build the engine from `config` (an EngineConfig),
-    then serve until told to stop."""
-    # Ctrl-C reaches the whole process group: the API process handles it and shuts this core down in order.
+    then serve the API processes at `endpoints` until told to stop."""
+    # A process group of its own: Ctrl-C on a terminal, or a SIGTERM to the whole group (`timeout`), reaches the
+    # process that started this core, which stops it in order once its requests have drained (Shutdown; with
+    # several API processes, their supervisor once none is left), not before. SIGTERM itself is still obeyed:
+    # multiprocessing ends a daemon child so at exit, and joins it. SIGINT is ignored should one arrive anyway.
+    os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from ridgeline.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config)
     engine.populate_kv_in_background()  # the pool's pages faulted in while cores idle, not in the first steps
-    server = CoreServer(engine, inbound, outbound)
+    server = CoreServer(engine, endpoints)
     raise SystemExit(server.serve(parent_pid))
