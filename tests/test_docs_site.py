@@ -2,6 +2,7 @@
 as pasted, its test command is CI's, its measured table is what benchmarks/results/ holds, and benchmark outputs
 live under benchmarks/results/, not docs/."""
 
+import json
 import os
 import re
 import subprocess
@@ -89,6 +90,23 @@ def test_the_readme_snippets_work_as_pasted():
                                  capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.strip(), "the snippet printed no answer"
+
+
+def test_the_readme_structured_output_snippets_work_as_pasted():
+    """The curl json_schema request, the openai client's parse and the pydantic-ai agent, against the tiny model: its
+    words are random, yet every answer must parse, as the grammar writes it."""
+    curl = next(block for block in fenced_blocks(README, "bash") if '"response_format"' in block)
+    client = next(block for block in fenced_blocks(README, "python") if "from pydantic_ai import Agent" in block)
+    with serve_tiny_model(num_blocks=512, context=2048) as server:  # pydantic-ai's output tool: ~560 prompt tokens
+        answer = subprocess.run(["bash", "-c", curl.replace("http://127.0.0.1:8000", server.url)],
+                                capture_output=True, text=True, timeout=60)
+        assert answer.returncode == 0, answer.stderr
+        content = json.loads(json.loads(answer.stdout)["choices"][0]["message"]["content"])
+        assert isinstance(content["name"], str)
+        printed = subprocess.run([sys.executable, "-c", client.replace("http://127.0.0.1:8000", server.url)],
+                                 capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.count("name=") == 2, printed.stdout  # the parsed reply and the agent's typed output
 
 
 @pytest.mark.parametrize("section", ["## Two commands on a fresh machine", "## Serve and call it", "## Measured on this machine",
