@@ -2,11 +2,13 @@
 
 It keeps the replicas' health (a background probe; a failed request takes a replica out at once), their load
 counted at dispatch (load.py), the prefix blocks they hold (affinity.py) and their rates (rates.py), and sends a
-request to the best usable replica, failing over to the next while nothing has been produced yet (a replica that
+request to the best usable replica, failing over to the next while the request has surely not started generating
+there (an engine worker: no output yet; an OpenAI server: no connection, or a refusal; a replica that
 answered 429/503 is busy: skipped until its Retry-After; when none takes a request, the client gets a 503, or the
 busy backend's own 429/503, with Retry-After -- never a 4xx or a 502 for a request that was valid). Once a replica
-has produced output for a request, a failure ends that request with an explicit error (ReplicaFailed): it is
-never silently re-run, and never left waiting.
+has produced output for a request -- or an OpenAI server had the request and dropped it before answering, which a
+non-streaming request's whole answer does -- a failure ends that request with an explicit error (ReplicaFailed, a
+502): it is never silently re-run, and never left waiting.
 """
 
 import asyncio
@@ -329,7 +331,9 @@ class Router:
     async def forward(self, model: str, path: str, body: dict, prompt_tokens: int, request_id: str,
                       headers: dict[str, str] | None = None) -> Forwarded:
         """Send an OpenAI request body to the best replica of an OpenAI-server model, failing over while none has
-        answered. The body streams through; a connection cut part-way ends it with an error event. `headers` go
+        answered. Only a request the replica surely never started goes to another (no connection, a 429/503); one it
+had and dropped before answering is a 502 (ReplicaFailed), not run twice. The body streams through; a
+connection cut part-way ends it with an error event. `headers` go
         with it (what is left of the request's deadline). Cancelled (its client left) before the replica
         answered: the connection to it closes, which the replica aborts on."""
         refusals, busy = [], []
@@ -341,6 +345,10 @@ class Router:
                 response = await replica.open(path, body, headers)
             except asyncio.CancelledError:
                 self._finish(model, name, request_id, "cancelled")
+                raise
+            except ReplicaFailed as error:  # it had the request and may have run it: not re-run elsewhere
+                self._finish(model, name, request_id, "failed")
+                self._take_out(name, str(error))
                 raise
             except ReplicaError as error:
                 self._finish(model, name, request_id, "failed_over")
