@@ -374,8 +374,9 @@ class Router:
         """Send an OpenAI request body to the best replica of an OpenAI-server model, failing over while none has
         answered. Only a request the replica surely never started goes to another (no connection, a 429/503); one
         it had and dropped before answering is a 502 (ReplicaFailed), not run twice. The body streams through; a
-        connection cut part-way ends it with an error event. `headers` go with it (what is left of the request's deadline). Cancelled (its client left) before the replica
-        answered: the connection to it closes, which the replica aborts on."""
+        connection cut part-way ends it with an error event. `headers` go with it (what is left of the request's
+        deadline). Cancelled (its client left) before the replica answered: the connection to it closes, which the
+        replica aborts on."""
         refusals, busy = [], []
         for choice in self.rank(model, prompt_tokens, body.get("max_tokens")):
             name = choice.replica
