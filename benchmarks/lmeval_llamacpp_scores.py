@@ -1,7 +1,7 @@
 """llama.cpp's log-likelihood of each (context, continuation) pair, as lm-eval's API models score them; run by
 lmeval_remote.py --compare-llamacpp inside the llama.cpp venv.
 
-Reads {"model": path, "threads": n, "pairs": [[context, continuation], ...]} on stdin and prints one JSON object:
+Reads {"model": path, "threads": n, "pairs": [[context, continuation], ...], "bos": false} on stdin and prints one JSON object:
 {"scores": [{"context_ids", "continuation_ids", "loglik", "is_greedy"}, ...], "llama_cpp_python": version}.
 The pair is tokenized as lm-eval does for a causal model (lm_eval/api/model.py `_encode_pair`: trailing spaces of
 the context move to the continuation; the whole text is encoded and the context's length split off) with
@@ -40,6 +40,8 @@ def main() -> None:
     scores = []
     for context, continuation in job["pairs"]:
         head, tail = encode_pair(llm, context, continuation)
+        if job.get("bos"):  # the check beside lm-eval's: the same pair after the model's BOS
+            head = [llm.token_bos()] + head
         tokens = head + tail
         llm.reset()
         llm.eval(tokens)

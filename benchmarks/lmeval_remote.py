@@ -68,8 +68,11 @@ def main() -> None:
             # what lm-eval's remote tokenizer got for each pair (lm-eval keeps no ids in its samples)
             with httpx.Client(base_url=url, timeout=60) as client:
                 served_ids = [encode_pair(client, context, continuation) for context, continuation in pairs]
+                # lm-eval sends no BOS (see log.md); the same pairs after the BOS, scored by the server directly
+                bos = client.post("/tokenize", json={"prompt": "<bos>", "add_special_tokens": False}).json()["tokens"]
+                with_bos = [served_loglik(client, bos + head, tail) for head, tail in served_ids]
     if args.compare_llamacpp:
-        compare(args, samples, pairs, served_ids)
+        compare(args, samples, pairs, served_ids, with_bos)
 
 
 def read_samples(output: str) -> list[dict]:
@@ -104,13 +107,29 @@ def encode_pair(client: httpx.Client, context: str, continuation: str) -> tuple[
     return head, whole[len(head):]
 
 
-def compare(args, samples: list[dict], pairs: list[list[str]], served_ids: list[tuple[list[int], list[int]]]) -> None:
+def served_loglik(client: httpx.Client, head: list[int], tail: list[int]) -> float:
+    """The continuation's log-likelihood from /v1/completions with echo + logprobs, as lm-eval asks for it."""
+    answer = client.post("/v1/completions", json={"model": SERVED_NAME, "prompt": head + tail, "max_tokens": 1,
+                                                  "temperature": 0, "logprobs": 1, "echo": True})
+    answer.raise_for_status()
+    logprobs = answer.json()["choices"][0]["logprobs"]["token_logprobs"]
+    return float(sum(logprobs[len(head):len(head) + len(tail)]))
+
+
+def llamacpp_scores(args, pairs: list[list[str]], bos: bool) -> dict:
     from llamacpp_env import llamacpp_python
 
-    model = str(resolve_model_path(args.model))
-    job = json.dumps({"model": model, "threads": args.threads, "pairs": pairs})
+    job = json.dumps({"model": str(resolve_model_path(args.model)), "threads": args.threads, "pairs": pairs,
+                      "bos": bos})
     done = subprocess.run([str(llamacpp_python()), str(SCORER)], input=job, capture_output=True, text=True, check=True)
-    reference = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def compare(args, samples: list[dict], pairs: list[list[str]], served_ids: list[tuple[list[int], list[int]]],
+            with_bos: list[float]) -> None:
+    model = str(resolve_model_path(args.model))
+    reference = llamacpp_scores(args, pairs, bos=False)
+    reference_bos = [score["loglik"] for score in llamacpp_scores(args, pairs, bos=True)["scores"]]
     scores = iter(reference["scores"])
     rows, same_ids = [], 0
     served = iter(served_ids)
@@ -132,6 +151,8 @@ def compare(args, samples: list[dict], pairs: list[list[str]], served_ids: list[
         "acc_ridgeline": sum(r["argmax_ridgeline"] == r["target"] for r in rows) / len(rows),
         "acc_llamacpp": sum(r["argmax_llamacpp"] == r["target"] for r in rows) / len(rows),
         "pairs_same_token_ids": same_ids,
+        # the same pairs after the BOS (not what lm-eval sends): ridgeline's /v1/completions against llama.cpp
+        "with_bos": bos_summary(with_bos, reference_bos, [len(s["pairs"]) for s in samples]),
     }
     result = {"benchmark": "lmeval_remote", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "lm_eval": LM_EVAL, "model_args": "local-completions, tokenizer_backend=remote", "model": model,
@@ -140,6 +161,17 @@ def compare(args, samples: list[dict], pairs: list[list[str]], served_ids: list[
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "lmeval_remote.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
+
+
+def bos_summary(ours: list[float], theirs: list[float], choices_per_question: list[int]) -> dict:
+    deltas = [abs(a - b) for a, b in zip(ours, theirs)]
+    agree, start = 0, 0
+    for count in choices_per_question:
+        a, b = ours[start:start + count], theirs[start:start + count]
+        agree += a.index(max(a)) == b.index(max(b))
+        start += count
+    return {"max_abs_delta_nats": max(deltas), "mean_abs_delta_nats": sum(deltas) / len(deltas),
+            "argmax_agree": agree, "ridgeline": ours, "llamacpp": theirs}
 
 
 if __name__ == "__main__":
