@@ -10,6 +10,8 @@
 4. Failover under load: one replica killed with requests in flight; how they ended and where new ones went.
 
     python benchmarks/router_replicas.py [--requests 96] [--json out.json]
+    python benchmarks/router_replicas.py --runs 5 --requests 64 --prior-prefill-tokens-per-s 78 --json out.json
+        (part 1 only, five times over: every run's ratio)
 """
 
 import argparse
@@ -92,24 +94,54 @@ def router_over(replicas: list, policy: str) -> Router:
                   health_interval_s=3600)
 
 
-async def affinity_and_uniform(kv: str, requests: int) -> dict:
-    engines = [make_engine(kv) for _ in range(2)]
-    tokenizer = engines[0].tokenizer
-    rng = np.random.default_rng(0)
+def workloads(tokenizer, requests: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """(shared-prefix turns, uniform prompts) for one run."""
+    rng = np.random.default_rng(seed)
     systems = [tokenizer.encode(f"System prompt {k}. " + text(rng, SYSTEM_WORDS)) for k in range(8)]
     shared = [systems[int(rng.integers(8))] + tokenizer.encode(" User: " + text(rng, 12), add_bos=False)
               for _ in range(requests)]
     uniform = [tokenizer.encode(text(rng, int(rng.integers(SYSTEM_WORDS // 13, SYSTEM_WORDS * 10 // 13))))
                for _ in range(requests)]
+    return shared, uniform
+
+
+async def shared_prefix_both(kv: str, shared: list[list[int]], engines: list[LLMEngine] | None = None) -> tuple[dict, list]:
+    """The shared-prefix workload under `cost` then `round_robin`, each on cold caches."""
     results = {}
     for policy in ("cost", "round_robin"):
-        if policy != "cost":  # cold caches for each policy
+        if engines is None or policy != "cost":  # cold caches for each policy
             engines = [make_engine(kv) for _ in range(2)]
         replicas = [LocalReplica(f"gemma/{i}", "gemma", lambda e=e: e) for i, e in enumerate(engines)]
         router = router_over(replicas, policy)
         results[f"shared_prefix_{policy}"] = await run_workload(router, shared, 4, 8)
         for replica in replicas:
             replica.worker.stop()
+    results["prefilled_ratio_round_robin_over_cost"] = round(
+        results["shared_prefix_round_robin"]["prefilled_tokens"] / results["shared_prefix_cost"]["prefilled_tokens"], 2)
+    return results, engines
+
+
+async def repeated_runs(kv: str, requests: int, runs: int) -> dict:
+    """The shared-prefix comparison `runs` times over (the same turns; the timing differs run to run)."""
+    tokenizer = make_engine(kv).tokenizer
+    shared, _ = workloads(tokenizer, requests)
+    rows = []
+    for run in range(runs):
+        started = time.perf_counter()
+        result, _ = await shared_prefix_both(kv, shared)
+        result["seconds"] = round(time.perf_counter() - started, 1)
+        rows.append(result)
+        print(json.dumps({"run": run + 1, "ratio": result["prefilled_ratio_round_robin_over_cost"],
+                          "cost_prefilled": result["shared_prefix_cost"]["prefilled_tokens"],
+                          "round_robin_prefilled": result["shared_prefix_round_robin"]["prefilled_tokens"]}), flush=True)
+    ratios = [r["prefilled_ratio_round_robin_over_cost"] for r in rows]
+    return {"runs": rows, "ratios": ratios, "min_ratio": min(ratios)}
+
+
+async def affinity_and_uniform(kv: str, requests: int) -> dict:
+    engines = [make_engine(kv) for _ in range(2)]
+    shared, uniform = workloads(engines[0].tokenizer, requests)
+    results, engines = await shared_prefix_both(kv, shared, engines)
     replicas = [LocalReplica(f"gemma/{i}", "gemma", lambda e=e: e) for i, e in enumerate(engines)]
     router = router_over(replicas, "cost")
     results["uniform_cost"] = await run_workload(router, uniform, 8, 8)
@@ -117,8 +149,6 @@ async def affinity_and_uniform(kv: str, requests: int) -> dict:
         replica.worker.stop()
     counts = list(results["uniform_cost"]["requests_per_replica"].values())
     results["uniform_max_over_min"] = round(max(counts) / max(1, min(counts)), 3)
-    results["prefilled_ratio_round_robin_over_cost"] = round(
-        results["shared_prefix_round_robin"]["prefilled_tokens"] / results["shared_prefix_cost"]["prefilled_tokens"], 2)
     return results, engines
 
 
@@ -213,12 +243,23 @@ def main() -> None:
     parser.add_argument("--prior-prefill-tokens-per-s", type=float, default=PRIOR_PREFILL,
                         help="the prefill rate the router starts from before it has measured any")
     parser.add_argument("--affinity-only", action="store_true", help="run part 1 (and 2) only")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="> 1: part 1 only, this many times over, each ratio recorded (in --json)")
     parser.add_argument("--json")
     args = parser.parse_args()
     MODEL, SYSTEM_WORDS = args.model, args.system_words
     REPORT_INTERVAL_S, PRIOR_PREFILL = args.report_interval_s, args.prior_prefill_tokens_per_s
     replica_policy.COPY_PENALTY = args.copy_penalty
     torch.set_num_threads(1)
+    if args.runs > 1:
+        repeated = asyncio.run(repeated_runs(args.kv, args.requests, args.runs))
+        settings = {"requests": args.requests, "kv": args.kv, "report_interval_s": REPORT_INTERVAL_S,
+                    "prior_prefill_tokens_per_s": PRIOR_PREFILL, "copy_penalty": args.copy_penalty,
+                    "machine": "AMD EPYC, AVX2 only, 2 shared cores"}
+        print(json.dumps({"ratios": repeated["ratios"], "min_ratio": repeated["min_ratio"]}), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"settings": settings, **repeated}, indent=2))
+        return
     affinity, engines = asyncio.run(affinity_and_uniform(args.kv, args.requests))
     print(engines[0].capacity_report, file=sys.stderr)
     results = {"copy_penalty": args.copy_penalty, "affinity": affinity}

@@ -233,3 +233,51 @@ def test_a_replica_holding_part_of_a_prefix_is_charged_only_for_the_part_another
     loads, index, rates = _replica_state(holder_backlog=0)
     ranked = {c.replica: c for c in _rank(300, {"holder": 280, "other": 160}, loads, index, rates)}
     assert ranked["holder"].copy_s == 0 and ranked["other"].copy_s == pytest.approx(0.12)
+
+
+def test_auto_reads_the_question_in_the_last_user_turn_however_much_comes_before_it():
+    from ridgeline.cluster.build import question_text
+    from ridgeline.cluster.tier_policy import MARKER_HEAD_CHARS, MARKER_TAIL_CHARS, count_markers
+
+    system = "You are a helpful assistant who answers politely. " * 200  # 10,000 characters, no marker
+    chat = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hello."},
+                         {"role": "assistant", "content": "Hi."},
+                         {"role": "user", "content": [{"type": "text", "text": "Explain why the sky is blue."}]}]}
+    assert question_text(chat) == "Explain why the sky is blue."
+    assert count_markers(question_text(chat)) == 2
+    assert difficulty(20, question_text(chat)) > difficulty(20, system)
+    # A long paste: the question at its end, or at its start, is found; the scan covers both ends of the turn.
+    paste = "the results table lists each run and its figures in order. " * 400  # 24,000 characters
+    assert len(paste) > MARKER_HEAD_CHARS + MARKER_TAIL_CHARS and count_markers(paste) == 0
+    assert count_markers(paste + " Why does the third run fail?") == 1
+    assert count_markers("Explain this log: " + paste) == 1
+    assert count_markers("prove it " * 10) == 2  # counted up to two: more add nothing
+    assert question_text({"prompt": "Solve x"}) == "Solve x" and question_text({"prompt": [1, 2]}) == ""
+
+
+class Words:
+    """A tokenizer whose tokens are words (the router only asks it for a count)."""
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return [0] * len(text.split())
+
+
+def test_auto_counts_a_prompt_in_each_tier_s_own_tokens_where_it_holds_the_tokenizer():
+    from ridgeline.cluster.rates import Rates
+    from ridgeline.cluster.router import COUNT_CHARS, ModelGroup, Router
+
+    class Fake:
+        def __init__(self, name, model):
+            self.name, self.model, self.kind = name, model, "engine"
+
+    groups = [ModelGroup("small", 0.5, [Fake("small/0", "small")], tokenizer=Words()),
+              ModelGroup("remote", 0.9, [Fake("remote/0", "remote")], chars_per_token=3.0)]
+    router = Router(groups, {"small/0": Rates(2000.0, 100.0, "configured"), "remote/0": Rates(1000.0, 50.0, "configured")},
+                    health_interval_s=3600, learn_rates=False)
+    text = "antidisestablishmentarianism " * 100  # 100 tokens of 29 characters: characters / 4 says 725
+    assert router.count_prompt_tokens(text) == {"small": 100, "remote": round(len(text) / 3.0)}
+    decision = router.decide_auto(router.count_prompt_tokens(text), 10, "why")
+    assert decision.difficulty == pytest.approx(difficulty(100, "why"))
+    # Past COUNT_CHARS the count is scaled from the part tokenized.
+    long = "word " * (COUNT_CHARS // 2)
+    assert router.count_prompt_tokens(long)["small"] == pytest.approx(COUNT_CHARS // 2, rel=0.001)

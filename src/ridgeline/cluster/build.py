@@ -119,7 +119,9 @@ async def build_router(config: RouterConfig, memory_budget: float | None = None,
     if s.target_large_share is not None:
         if not s.calibration_sample:
             raise RidgelineError("[router] target_large_share needs a calibration_sample")
-        sample = [(estimate_tokens(item, 4.0), sample_text(item)) for item in load_sample(config.resolve(s.calibration_sample))]
+        # counted and scanned as `auto` counts and scans a request (server/router_app.py)
+        sample = [(router.count_prompt_tokens(sample_text(item)), question_text(item))
+                  for item in load_sample(config.resolve(s.calibration_sample))]
         threshold = router.calibrate(sample, s.target_large_share)
         logger.info("auto: threshold %.4g sends %.0f%% of the calibration sample to the best model", threshold,
                     100 * s.target_large_share)
@@ -132,10 +134,31 @@ def _load_tokenizer(path: str | None):
     return read_checkpoint(path).load_tokenizer()
 
 
+def _content(message) -> str:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # OpenAI content parts: the text ones
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
+
+
 def sample_text(item: dict) -> str:
-    if "messages" in item:
-        return "\n".join(str(m.get("content", "")) for m in item["messages"])
-    return str(item.get("prompt", ""))
+    """A request body's whole prompt text: every message's, or the completion prompt (token ids: none)."""
+    if isinstance(item.get("messages"), list):
+        return "\n".join(_content(m) for m in item["messages"])
+    prompt = item.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
+
+
+def question_text(item: dict) -> str:
+    """What the user asks now: a chat's last user turn (the last message when none is a user's), or the completion
+    prompt. Earlier turns and the system prompt say nothing of how hard this question is."""
+    messages = item.get("messages")
+    if isinstance(messages, list):
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        last = users[-1] if users else (messages[-1] if messages else None)
+        return _content(last)
+    prompt = item.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
 
 
 def estimate_tokens(item: dict | str, chars_per_token: float) -> int:

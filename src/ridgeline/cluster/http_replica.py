@@ -3,6 +3,8 @@ body goes through as the client sent it, with the model renamed to what that ser
 
 A connection that fails is a dead replica; 429 and 503 are a busy one (skipped for its Retry-After: another
 replica is tried, and if none takes the request the client gets that 429/503, its body and a Retry-After); a
+request that could not be sent (no connection) goes to another replica; one the server had and dropped before
+answering (a non-streaming request's answer comes whole at its end) is not re-run: the client gets a 502; a
 stream cut mid-way ends with an explicit error event, never a hang. A disaggregated front (`ridgeline proxy`, or
 `serve --prefill-workers`) refuses so when its decode side is full, before it spends a prefill.
 """
@@ -14,6 +16,13 @@ import httpx
 from ridgeline.cluster.errors import ReplicaBusy, ReplicaFailed, ReplicaUnavailable
 from ridgeline.cluster.health import parse_retry_after
 from ridgeline.cluster.replicas import Replica
+
+
+# Failures that leave the request surely not started on the server, so another replica may run it: no connection,
+# or the body not wholly written (a server acts on no request it has not read to its end). A read error, a
+# connection closed with no answer, is not among them: the server had the request and may have been generating.
+UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError, httpx.WriteTimeout,
+          httpx.UnsupportedProtocol, httpx.ProxyError)
 
 
 class HttpReplica(Replica):
@@ -48,12 +57,18 @@ class HttpReplica(Replica):
 
     async def open(self, path: str, body: dict, headers: dict[str, str] | None = None) -> httpx.Response:
         """Send the request; the response is open for streaming (the caller closes it). Raises ReplicaBusy on
-        429/503 and ReplicaUnavailable when the server cannot be reached (nothing was done: try elsewhere)."""
+        429/503 and ReplicaUnavailable when the server cannot be reached (nothing was done: try elsewhere);
+        ReplicaFailed when it had the request and the connection closed before an answer (do not re-run it)."""
         request = self.client.build_request("POST", path, json={**body, "model": self.served_name}, headers=headers)
         try:
             response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as error:
+        except UNSENT as error:
             raise ReplicaUnavailable(f"{self.name}: cannot reach {self.url}: {type(error).__name__}: {error}") from None
+        except httpx.HTTPError as error:
+            # The whole request went out and no answer came back: the server may have started it (a non-streaming
+            # answer's headers come only with its end), so it is not sent again elsewhere.
+            raise ReplicaFailed(f"{self.name}: lost after the request was sent; it may have run there, so it is not "
+                                f"re-sent: {type(error).__name__}: {error}") from None
         if response.status_code in (429, 503):
             try:
                 content = await response.aread()  # the backend's reason (a disaggregated front's decode_busy, ...)

@@ -2,11 +2,13 @@
 
 It keeps the replicas' health (a background probe; a failed request takes a replica out at once), their load
 counted at dispatch (load.py), the prefix blocks they hold (affinity.py) and their rates (rates.py), and sends a
-request to the best usable replica, failing over to the next while nothing has been produced yet (a replica that
+request to the best usable replica, failing over to the next while the request has surely not started generating
+there (an engine worker: no output yet; an OpenAI server: no connection, or a refusal; a replica that
 answered 429/503 is busy: skipped until its Retry-After; when none takes a request, the client gets a 503, or the
 busy backend's own 429/503, with Retry-After -- never a 4xx or a 502 for a request that was valid). Once a replica
-has produced output for a request, a failure ends that request with an explicit error (ReplicaFailed): it is
-never silently re-run, and never left waiting.
+has produced output for a request -- or an OpenAI server had the request and dropped it before answering, which a
+non-streaming request's whole answer does -- a failure ends that request with an explicit error (ReplicaFailed, a
+502): it is never silently re-run, and never left waiting.
 """
 
 import asyncio
@@ -14,7 +16,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from ridgeline.cluster.affinity import PrefixIndex, prompt_block_hashes
@@ -66,6 +68,12 @@ class Forwarded:
     body: AsyncIterator[bytes]
     replica: str
     headers: dict[str, str] = field(default_factory=dict)  # the backend's Retry-After and x-ridgeline-* headers
+
+
+# A prompt's length: one figure for every model, or each model's own (model -> tokens).
+PromptTokens = int | Mapping[str, int]
+# Of a longer prompt, `auto` tokenizes this many characters and scales the count to the rest (count_prompt_tokens).
+COUNT_CHARS = 32_768
 
 
 class Router:
@@ -220,29 +228,63 @@ class Router:
                                self.index, self.loads, self.rates)
         return self.round_robin.order(model, ranked) if self.round_robin else ranked
 
-    def candidates(self, prompt_tokens: int, output_tokens: int | None = None) -> list[TierCandidate]:
+    def count_prompt_tokens(self, text: str) -> dict[str, int]:
+        """The prompt's length in each model's own tokens: counted with its tokenizer where the router holds one
+        (its ridgeline models), else estimated at the model's configured characters per token (OpenAI servers).
+        Text past COUNT_CHARS is not tokenized: it is counted at the characters per token of what was (this runs on
+        the event loop, at about 0.4 us a character)."""
+        counted: dict[int, int] = {}  # by tokenizer: tiers of one family share the count
+        lengths = {}
+        for name, group in self.groups.items():
+            tokenizer = group.tokenizer
+            if tokenizer is None:
+                lengths[name] = max(1, round(len(text) / group.chars_per_token))
+                continue
+            if id(tokenizer) not in counted:
+                head = text[:COUNT_CHARS]
+                tokens = len(tokenizer.encode(head, add_bos=False))
+                if len(text) > len(head):
+                    tokens = round(tokens * len(text) / len(head))
+                counted[id(tokenizer)] = max(1, tokens)
+            lengths[name] = counted[id(tokenizer)]
+        return lengths
+
+    def _length_for_difficulty(self, prompt_tokens: PromptTokens) -> int:
+        """One length for the prompt's difficulty: the first model's (in the router's order) whose tokenizer counted
+        it, else the first estimate."""
+        if isinstance(prompt_tokens, int):
+            return prompt_tokens
+        held = [prompt_tokens[name] for name, g in self.groups.items() if g.tokenizer is not None and name in prompt_tokens]
+        return (held or list(prompt_tokens.values()) or [1])[0]
+
+    def candidates(self, prompt_tokens: PromptTokens, output_tokens: int | None = None) -> list[TierCandidate]:
+        """`prompt_tokens`: one length for every model, or each model's own (count_prompt_tokens)."""
         found = []
         output_tokens = output_tokens or self.expected_output_tokens
         for name, group in self.groups.items():
-            ranked = self.rank(name, prompt_tokens, output_tokens)
+            length = prompt_tokens if isinstance(prompt_tokens, int) else prompt_tokens[name]
+            ranked = self.rank(name, length, output_tokens)
             if ranked:
                 best = ranked[0]
                 prices = self.usd_per_mtok(best.replica)
                 usd = None
                 if prices is not None:  # this request's tokens at the replica's per-token prices
-                    usd = ((prompt_tokens - best.cached_tokens) * prices[0] + output_tokens * prices[1]) / MILLION
+                    usd = ((length - best.cached_tokens) * prices[0] + output_tokens * prices[1]) / MILLION
                 found.append(TierCandidate(name, group.quality, best.cost.total_s, best.replica, usd,
                                            best.cost.queue_s + best.cost.prefill_s,
                                            best.cost.decode_s / max(1, output_tokens)))
         return found
 
-    def decide_auto(self, prompt_tokens: int, output_tokens: int | None = None, text: str | None = None) -> TierDecision:
-        """Which model serves an `auto` request; logged and counted. Raises NoReplicaAvailable if none can."""
+    def decide_auto(self, prompt_tokens: PromptTokens, output_tokens: int | None = None,
+                    text: str | None = None) -> TierDecision:
+        """Which model serves an `auto` request; logged and counted. Raises NoReplicaAvailable if none can.
+        `prompt_tokens`: the whole prompt's length (one for all models, or each model's own); `text`: what the user
+        asks now (the last user turn), scanned for what makes a question hard."""
         started = time.perf_counter()
         candidates = self.candidates(prompt_tokens, output_tokens)
         if not candidates:
             raise NoReplicaAvailable("no model has a usable replica")
-        hardness = difficulty(prompt_tokens, text)
+        hardness = difficulty(self._length_for_difficulty(prompt_tokens), text)
         if self.objective == "cost":
             decision = decide_cheapest(candidates, hardness, self.slo_ttft_s, self.slo_itl_s)
         else:
@@ -253,11 +295,12 @@ class Router:
             logger.info(json.dumps({"event": "auto", "prompt_tokens": prompt_tokens, **decision.as_log()}))
         return decision
 
-    def calibrate(self, sample: list[tuple[int, str | None]], target_share: float,
+    def calibrate(self, sample: list[tuple[PromptTokens, str | None]], target_share: float,
                   output_tokens: int | None = None) -> float:
         """Set the threshold that sends target_share of the sample (prompt tokens, text) to the best model, at the
         costs predicted now (calibrate idle, so load later shifts traffic to the cheaper tiers)."""
-        points = [(difficulty(tokens, text), self.candidates(tokens, output_tokens)) for tokens, text in sample]
+        points = [(difficulty(self._length_for_difficulty(tokens), text), self.candidates(tokens, output_tokens))
+                  for tokens, text in sample]
         self.threshold = calibrate([p for p in points if p[1]], target_share)
         return self.threshold
 
@@ -331,9 +374,11 @@ class Router:
     async def forward(self, model: str, path: str, body: dict, prompt_tokens: int, request_id: str,
                       headers: dict[str, str] | None = None) -> Forwarded:
         """Send an OpenAI request body to the best replica of an OpenAI-server model, failing over while none has
-        answered. The body streams through; a connection cut part-way ends it with an error event. `headers` go
-        with it (what is left of the request's deadline). Cancelled (its client left) before the replica
-        answered: the connection to it closes, which the replica aborts on."""
+        answered. Only a request the replica surely never started goes to another (no connection, a 429/503); one
+        it had and dropped before answering is a 502 (ReplicaFailed), not run twice. The body streams through; a
+        connection cut part-way ends it with an error event. `headers` go with it (what is left of the request's
+        deadline). Cancelled (its client left) before the replica answered: the connection to it closes, which the
+        replica aborts on."""
         refusals, busy = [], []
         for choice in self.rank(model, prompt_tokens, body.get("max_tokens")):
             name = choice.replica
@@ -343,6 +388,10 @@ class Router:
                 response = await replica.open(path, body, headers)
             except asyncio.CancelledError:
                 self._finish(model, name, request_id, "cancelled")
+                raise
+            except ReplicaFailed as error:  # it had the request and may have run it: not re-run elsewhere
+                self._finish(model, name, request_id, "failed")
+                self._take_out(name, str(error))
                 raise
             except ReplicaError as error:
                 self._finish(model, name, request_id, "failed_over")

@@ -16,6 +16,7 @@ this request meet the SLO, the one whose machine time for it costs least (each b
 predicted prefill and decode rates: `decide_cheapest`); when none meets the SLO, the one that misses it least.
 """
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -23,10 +24,17 @@ from dataclasses import dataclass, field
 
 # Prompt lengths (tokens) mapped to difficulty 0 and 1 on a log scale.
 SHORT_PROMPT, LONG_PROMPT = 8, 1024
-# Phrases that ask for more than recall; each adds to the difficulty.
-HARD_MARKERS = re.compile(r"```|\bdef |\bclass |\bprove\b|\bexplain\b|\bwhy\b|\bstep by step\b|\banaly[sz]e\b|"
-                          r"\bcompare\b|\bderive\b|\bcalculate\b|\bsolve\b|[=+*/^]\s*\d", re.IGNORECASE)
+# Phrases that ask for more than recall; each adds to the difficulty. Matched on the lower-cased text with the
+# word boundary factored out: 4.4x faster than the same alternatives under re.IGNORECASE, the same matches.
+HARD_MARKERS = re.compile(r"```|\b(?:def |class |prove\b|explain\b|why\b|step by step\b|analy[sz]e\b|compare\b|"
+                          r"derive\b|calculate\b|solve\b)|[=+*/^]\s*\d")
 MARKER_WEIGHT = 0.15
+MAX_MARKERS = 2  # counted up to this many: more add nothing, so the scan stops there
+# Of a longer text, markers are looked for in its first and last characters only. The question sits at one end of
+# what a user pastes ("Summarise this: ...", "... Why does it fail?"), and the scan runs on the router's event loop
+# for every `auto` request, at about 0.15 us a character with no marker (2.4 ms for 16,000 on this 2-core machine,
+# busy): a 4 MiB body scanned whole would hold every other request for a second.
+MARKER_HEAD_CHARS, MARKER_TAIL_CHARS = 4_000, 12_000
 LENGTH_WEIGHT = 0.7
 
 
@@ -63,11 +71,25 @@ class TierDecision:
         return log | ({"usd": {m: round(u, 9) for m, u in self.usd.items()}} if self.usd else {})
 
 
+def marker_span(text: str) -> str:
+    """What of `text` is scanned for markers: all of it up to MARKER_HEAD_CHARS + MARKER_TAIL_CHARS, else its two
+    ends (joined by a line break, so no marker is made across the cut)."""
+    if len(text) <= MARKER_HEAD_CHARS + MARKER_TAIL_CHARS:
+        return text
+    return text[:MARKER_HEAD_CHARS] + "\n" + text[-MARKER_TAIL_CHARS:]
+
+
+def count_markers(text: str | None) -> int:
+    if not text:
+        return 0
+    return sum(1 for _ in itertools.islice(HARD_MARKERS.finditer(marker_span(text).lower()), MAX_MARKERS))
+
+
 def difficulty(prompt_tokens: int, text: str | None = None) -> float:
+    """`text`: what the user asks now (the last user turn of a chat, a completion's prompt)."""
     span = math.log(LONG_PROMPT / SHORT_PROMPT)
     length = min(1.0, max(0.0, math.log(max(prompt_tokens, 1) / SHORT_PROMPT) / span))
-    markers = len(HARD_MARKERS.findall(text[:4000])) if text else 0
-    return min(1.0, LENGTH_WEIGHT * length + MARKER_WEIGHT * min(markers, 2))
+    return min(1.0, LENGTH_WEIGHT * length + MARKER_WEIGHT * count_markers(text))
 
 
 def decide(candidates: Sequence[TierCandidate], hardness: float, threshold: float) -> TierDecision:

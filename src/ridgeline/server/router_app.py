@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from ridgeline.cluster.build import estimate_tokens
+from ridgeline.cluster.build import estimate_tokens, question_text, sample_text
 from ridgeline.cluster.errors import NoReplicaAvailable, ReplicaError
 from ridgeline.cluster.messages import GenerateRequest
 from ridgeline.cluster.router import Router
@@ -104,24 +104,19 @@ class RoutedEngine:
         return RoutedSubmission(self.router, self.model, requests)
 
 
-def _prompt_text(body: dict) -> str:
-    if isinstance(body.get("messages"), list):
-        parts = []
-        for message in body["messages"]:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(content if isinstance(content, str) else "")
-        return "\n".join(parts)
-    prompt = body.get("prompt")
-    return prompt if isinstance(prompt, str) else ""
-
-
 def _prompt_tokens(body: dict, chars_per_token: float = 4.0) -> int:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return len(prompt)
-    return estimate_tokens(_prompt_text(body), chars_per_token)
+    return estimate_tokens(sample_text(body), chars_per_token)
+
+
+def _auto_prompt_tokens(router: Router, body: dict) -> int | dict[str, int]:
+    """The prompt's length for `auto`: a token id list's own, else each model's count (its tokenizer where held)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    return router.count_prompt_tokens(sample_text(body))
 
 
 def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key: str | None = None,
@@ -195,8 +190,8 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
         try:
             if model == AUTO:
                 max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-                decision = router.decide_auto(_prompt_tokens(body), max_tokens if isinstance(max_tokens, int) else None,
-                                              _prompt_text(body))
+                decision = router.decide_auto(_auto_prompt_tokens(router, body),
+                                              max_tokens if isinstance(max_tokens, int) else None, question_text(body))
                 model = decision.model
             if model not in router.groups:
                 raise APIError(404, f"model {model!r} does not exist; this router serves "
