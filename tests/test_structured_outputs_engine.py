@@ -231,3 +231,31 @@ def test_masked_argmax_is_the_argmax_of_the_masked_row(llm):
             assert matcher.masked_argmax(logits, int(np.argmax(logits.numpy()))) == expected
             if matcher.is_terminated or not matcher.consume([expected]):
                 break
+
+
+def test_batched_masks_are_each_rows_own_mask(llm):
+    # The engine fills a step's masks in one llguidance call and the sampler masks its sampled rows in one select:
+    # row for row the same as each matcher's own mask added as a 0 / -inf row, whichever rows of the buffer they are.
+    import llguidance
+    import numpy as np
+    import torch
+
+    from ridgeline.engine.structured.matcher import apply_grammar_masks, fill_masks
+
+    vocab = llm.engine.model_config.vocab_size
+    constraints = [Structured(json=case("invoice").schema), Structured(regex=REGEX), Structured(choice=CHOICES),
+                   Structured(grammar=LARK)]
+    batched = [llm.engine.grammars.compile(c).matcher() for c in constraints]
+    alone = [llm.engine.grammars.compile(c).matcher() for c in constraints]
+    for m, first in zip(batched + alone, ["{", "ab", "re", "("] * 2):  # different positions in different grammars
+        assert m.consume(llm.tokenizer.encode(first, add_bos=False)[:1])
+    fill_masks(llguidance.LLExecutor(num_threads=1), batched)
+    logits = torch.from_numpy(np.random.default_rng(0).normal(size=(6, vocab)).astype(np.float32))
+    for rows in ([0, 1, 2, 3], [5, 1, 3, 0]):
+        masked = logits.clone()
+        apply_grammar_masks(masked, rows, [m.words() for m in batched])
+        expected = logits.clone()
+        for row, m in zip(rows, alone):
+            expected[row] += m.bias()
+        assert torch.equal(masked, expected)
+        assert all(torch.isinf(masked[row]).any() and torch.isfinite(masked[row]).any() for row in rows)
