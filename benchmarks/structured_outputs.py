@@ -2,21 +2,23 @@
 many constrained answers are valid and finished.
 
     .venv/bin/python benchmarks/structured_outputs.py [--repetitions 5] [--max-tokens 128] [--validity 96,192]
-                                                      [--skip-validity] [--json FILE]
+                                                      [--skip-validity] [--temperatures 0,1]
+                                                      [--only decode,...] [--json FILE]
 
 In one process under /tmp/ridgeline-cpu.lock:
   vocabulary    building llguidance's view of the vocabulary (once per engine)
   compile       a 50-property schema and corpus schemas, cold and cached (median)
-  mask          per row: llguidance's bitmask; the worker's part (mask + bits); a greedy row's masked argmax (a
-                random row: its argmax is rarely allowed); a sampled row's additive row and its add to the logits
-  decode        constrained vs unconstrained decode tok/s at batch 1 and 16: a JSON schema whose answer is one long
+  mask          per row: llguidance's packed mask (all the worker does); a greedy row's argmax where allowed (a bit
+                read) and where forbidden (a random row: bits unpacked); 16 sampled rows masked in one op
+  decode        constrained vs unconstrained decode tok/s at batch 1 and 16, greedy and at temperature 1 (seeded):
+                a JSON schema whose answer is one long
                 string (it runs to max_tokens, as the unconstrained run with ignore_eos does), the two interleaved
                 within each repetition, medians; decode tok/s = tokens after the first over first-to-last token time
   ttft          wall time of a 1-token request: unconstrained, a cold grammar (a schema never seen), a cached one
   validity      the whole corpus (tests/structured_schemas.py), greedy and sampled at temperature 1, with and without
                 the default bounds (json_schemas/bounds.py) and the closing near max_tokens (matcher.py):
                 finished answers, and how many of those validate (jsonschema, formats checked)
-  xgrammar      the same compile and mask timings through xgrammar, when it is installed (not a dependency)
+(xgrammar against llguidance: benchmarks/grammar_engines.py, in a private environment.)
 """
 
 import argparse
@@ -87,41 +89,38 @@ def compile_times(llm: LLM, repetitions: int) -> dict:
 
 def mask_times(llm: LLM) -> dict:
     """Per row, over the positions of real answers (the corpus's first 20 schemas, greedy)."""
+    from ridgeline.engine.structured.matcher import apply_grammar_masks  # here: --only decode runs on older trees
     grammars, vocab = llm.engine.grammars, llm.engine.model_config.vocab_size
     answers = run_corpus(llm, SCHEMAS[:20], temperatures=(0.0,), max_tokens=64)
-    bitmask, bits, bias_row, argmax, apply_add = [], [], [], [], []
+    bitmask, argmax, unpack_argmax, sampled16 = [], [], [], []
     logits = torch.randn(vocab)
     best = int(np.argmax(logits.numpy()))
+    work = torch.randn(16, vocab)
     for case, answer in zip(SCHEMAS[:20], answers):
         matcher = grammars.compile(Structured(json=case.schema)).matcher()
-        matcher.needs_bias = False
         for token in llm.tokenizer.encode(answer.text, add_bos=False)[:64]:
-            words = np.zeros((vocab + 31) // 32, dtype=np.int32)
             started = time.perf_counter()
-            matcher._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            matcher.compute()  # the worker's whole part for a row: llguidance's packed mask
             bitmask.append(time.perf_counter() - started)
             started = time.perf_counter()
-            matcher.compute()  # what the worker does for a greedy row: the mask and its bits
-            bits.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            matcher.masked_argmax(logits, best)  # the sampler's part for a greedy row (mostly not the argmax)
+            matcher.allows(token)  # a greedy row whose argmax the grammar allows: one bit read
             argmax.append(time.perf_counter() - started)
             started = time.perf_counter()
-            bias = matcher.bias()  # a sampled row's additive row, from the bits
-            bias_row.append(time.perf_counter() - started)
-            row = logits.clone()
+            matcher.masked_argmax(logits, best)  # a random row's argmax is rarely allowed: the bits unpacked
+            unpack_argmax.append(time.perf_counter() - started)
             started = time.perf_counter()
-            row.add_(bias)
-            apply_add.append(time.perf_counter() - started)
+            apply_grammar_masks(work, list(range(16)), [matcher.words()] * 16)  # 16 sampled rows, one op
+            sampled16.append(time.perf_counter() - started)
             if not matcher.consume([token]):
                 break
-    return {"rows": len(bitmask), "llguidance_bitmask_ms": median_ms(bitmask), "mask_and_bits_ms": median_ms(bits),
-            "greedy_masked_argmax_ms": median_ms(argmax), "sampled_bias_row_ms": median_ms(bias_row),
-            "sampled_apply_add_ms": median_ms(apply_add)}
+    return {"rows": len(bitmask), "llguidance_bitmask_ms": median_ms(bitmask),
+            "greedy_allowed_argmax_ms": median_ms(argmax), "greedy_masked_argmax_forbidden_ms": median_ms(unpack_argmax),
+            "sampled_16_rows_mask_ms": median_ms(sampled16)}
 
 
-def decode_rate(llm: LLM, batch: int, constrained: bool, max_tokens: int) -> float:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=not constrained,
+def decode_rate(llm: LLM, batch: int, constrained: bool, max_tokens: int, temperature: float = 0.0) -> float:
+    params = SamplingParams(temperature=temperature, seed=None if temperature == 0 else 7, max_tokens=max_tokens,
+                            ignore_eos=not constrained,
                             structured_outputs=Structured(json=LONG_ANSWER) if constrained else None)
     outputs = llm.generate([PROMPT] * batch, params, use_tqdm=False)
     first = min(out.timings.token_times[0] for out in outputs)
@@ -131,25 +130,26 @@ def decode_rate(llm: LLM, batch: int, constrained: bool, max_tokens: int) -> flo
     return tokens / (last - first)
 
 
-def decode_times(llm: LLM, repetitions: int, max_tokens: int) -> dict:
+def decode_times(llm: LLM, repetitions: int, max_tokens: int, temperatures: list[float]) -> dict:
     result = {}
     for batch in (1, 16):
-        decode_rate(llm, batch, True, 8)  # warm-up: buffers of this batch size, the grammar compiled
-        decode_rate(llm, batch, False, 8)
-        masks = llm.engine.masks
-        rates = {False: [], True: []}
-        mask_seconds, wait_seconds, num_masks = masks.mask_seconds, masks.wait_seconds, masks.num_masks
-        for _ in range(repetitions):
-            for constrained in (False, True):
-                rates[constrained].append(decode_rate(llm, batch, constrained, max_tokens))
-        rows = masks.num_masks - num_masks
-        result[f"batch_{batch}"] = {
-            "unconstrained_tok_s": round(statistics.median(rates[False]), 1),
-            "constrained_tok_s": round(statistics.median(rates[True]), 1),
-            "ratio": round(statistics.median(rates[True]) / statistics.median(rates[False]), 3),
-            "ratios_per_repetition": [round(c / u, 3) for u, c in zip(rates[False], rates[True])],
-            "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / rows * 1000, 3),
-            "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (rows / batch) * 1000, 3)}
+        for temperature in temperatures:
+            decode_rate(llm, batch, True, 8, temperature)  # warm-up: buffers of this batch size, the grammar compiled
+            decode_rate(llm, batch, False, 8, temperature)
+            masks = llm.engine.masks
+            rates = {False: [], True: []}
+            mask_seconds, wait_seconds, num_masks = masks.mask_seconds, masks.wait_seconds, masks.num_masks
+            for _ in range(repetitions):
+                for constrained in (False, True):
+                    rates[constrained].append(decode_rate(llm, batch, constrained, max_tokens, temperature))
+            rows = masks.num_masks - num_masks
+            result[f"batch_{batch}" + ("" if temperature == 0 else f"_temperature_{temperature:g}")] = {
+                "unconstrained_tok_s": round(statistics.median(rates[False]), 1),
+                "constrained_tok_s": round(statistics.median(rates[True]), 1),
+                "ratio": round(statistics.median(rates[True]) / statistics.median(rates[False]), 3),
+                "ratios_per_repetition": [round(c / u, 3) for u, c in zip(rates[False], rates[True])],
+                "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / rows * 1000, 3),
+                "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (rows / batch) * 1000, 3)}
     return result
 
 
@@ -190,44 +190,23 @@ def validity(llm: LLM, max_tokens_list: list[int]) -> list[dict]:
     return rows
 
 
-def xgrammar_times(llm: LLM) -> dict | None:
-    try:
-        import xgrammar
-    except ImportError:
-        return None
-    vocab = llm.engine.model_config.vocab_size
-    tokens = [llm.tokenizer.token_bytes(i) for i in range(min(llm.tokenizer.vocab_size, vocab))]
-    started = time.perf_counter()
-    info = xgrammar.TokenizerInfo([t.decode("latin-1") for t in tokens], vocab_size=vocab,
-                                  stop_token_ids=sorted(llm.tokenizer.eos_ids))
-    compiler = xgrammar.GrammarCompiler(info)
-    vocabulary = time.perf_counter() - started
-    cold = []
-    for i in range(5):
-        started = time.perf_counter()
-        compiled = compiler.compile_json_schema(json.dumps(fifty_properties(f"_xg_{i}")))
-        cold.append(time.perf_counter() - started)
-    matcher = xgrammar.GrammarMatcher(compiled)
-    bitmask = xgrammar.allocate_token_bitmask(1, vocab)
-    masks = []
-    for _ in range(50):
-        started = time.perf_counter()
-        matcher.fill_next_token_bitmask(bitmask)
-        masks.append(time.perf_counter() - started)
-    return {"vocabulary_s": round(vocabulary, 3), "fifty_properties_cold_ms": median_ms(cold),
-            "first_mask_ms": median_ms(masks), "note": "token bytes passed as latin-1 text (approximate)"}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128, help="decode length of the tok/s runs")
     parser.add_argument("--validity", default="96,192", help="max_tokens of the corpus runs")
     parser.add_argument("--skip-validity", action="store_true")
+    parser.add_argument("--temperatures", default="0,1", help="temperatures of the decode tok/s runs")
+    parser.add_argument("--only", help="comma-separated sections to run (vocabulary always): "
+                                       "compile,mask,decode,ttft,validity")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--lock-held", action="store_true",
+                        help="the caller holds /tmp/ridgeline-cpu.lock already (a before/after driver running this "
+                             "on two trees in turn); do not take it again")
     args = parser.parse_args()
     with open(CPU_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not args.lock_held:
+            fcntl.flock(lock, fcntl.LOCK_EX)
         started = datetime.datetime.now().astimezone()
         llm = LLM()
         report = {"started": started.isoformat(timespec="seconds"), "machine": platform.processor() or platform.machine(),
@@ -235,12 +214,15 @@ def main() -> None:
                   "vocab_size": llm.engine.model_config.vocab_size}
         report["vocabulary_s"] = vocabulary_seconds(llm)
         print(json.dumps(report), flush=True)
+        only = None if args.only is None else set(args.only.split(","))
+        temperatures = [float(t) for t in args.temperatures.split(",")]
         for name, measure in (("compile", lambda: compile_times(llm, args.repetitions)), ("mask", lambda: mask_times(llm)),
-                              ("decode", lambda: decode_times(llm, args.repetitions, args.max_tokens)),
-                              ("ttft", lambda: ttft_times(llm, args.repetitions)), ("xgrammar", lambda: xgrammar_times(llm))):
-            report[name] = measure()
-            print(json.dumps({name: report[name]}), flush=True)
-        if not args.skip_validity:
+                              ("decode", lambda: decode_times(llm, args.repetitions, args.max_tokens, temperatures)),
+                              ("ttft", lambda: ttft_times(llm, args.repetitions))):
+            if only is None or name in only:
+                report[name] = measure()
+                print(json.dumps({name: report[name]}), flush=True)
+        if not args.skip_validity and (only is None or "validity" in only):
             report["validity"] = validity(llm, [int(n) for n in args.validity.split(",")])
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

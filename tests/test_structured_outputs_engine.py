@@ -231,3 +231,64 @@ def test_masked_argmax_is_the_argmax_of_the_masked_row(llm):
             assert matcher.masked_argmax(logits, int(np.argmax(logits.numpy()))) == expected
             if matcher.is_terminated or not matcher.consume([expected]):
                 break
+
+
+def test_batched_masks_are_each_rows_own_mask(llm):
+    # The engine fills a step's masks in one llguidance call and the sampler masks its sampled rows together: row
+    # for row the same as each matcher's own mask added as a 0 / -inf row, whichever rows of the buffer they are,
+    # for masks that allow few tokens (between JSON values), nearly all (inside a string) and a mix (random bits).
+    import llguidance
+    import numpy as np
+    import torch
+
+    from ridgeline.engine.structured.matcher import apply_grammar_masks, fill_masks
+
+    vocab = llm.engine.model_config.vocab_size
+    constraints = [Structured(json=case("invoice").schema), Structured(regex=REGEX), Structured(choice=CHOICES),
+                   Structured(grammar=LARK), Structured(json={"type": "object"})]
+    starts = ["{", "ab", "re", "(", '{"a": "b']
+    batched = [llm.engine.grammars.compile(c).matcher() for c in constraints]
+    alone = [llm.engine.grammars.compile(c).matcher() for c in constraints]
+    for m, text in zip(batched + alone, starts * 2):  # different positions in different grammars
+        assert m.consume(llm.tokenizer.encode(text, add_bos=False))
+    fill_masks(llguidance.LLExecutor(num_threads=1), batched)
+    rng = np.random.default_rng(0)
+    mixed = rng.integers(-2**31, 2**31, size=(vocab + 31) // 32, dtype=np.int64).astype(np.int32)
+    logits = torch.from_numpy(rng.normal(size=(8, vocab)).astype(np.float32))
+    for rows in ([0, 1, 2, 3, 4, 5], [7, 1, 3, 0, 5, 2]):
+        masked = logits.clone()
+        apply_grammar_masks(masked, rows, [m.words() for m in batched] + [mixed])
+        expected = logits.clone()
+        for row, m in zip(rows, alone):
+            expected[row] += m.bias()
+        expected[rows[-1]] += torch.from_numpy(np.where(np.unpackbits(mixed.view(np.uint8), bitorder="little")[:vocab],
+                                                        np.float32(0), np.float32(-np.inf)))
+        assert torch.equal(masked, expected)
+        assert all(torch.isinf(masked[row]).any() and torch.isfinite(masked[row]).any() for row in rows)
+
+
+def test_masking_rows_that_allow_few_most_or_some_tokens_is_adding_their_bias():
+    # apply_grammar_masks writes only the forbidden ids where few are, keeps only the allowed ones where few are,
+    # and selects whole rows otherwise: each path gives exactly the 0 / -inf row added (a 262k-sized vocabulary,
+    # where the paths part; the tiny model's 323 tokens all take the last).
+    import numpy as np
+    import torch
+
+    from ridgeline.engine.structured.matcher import apply_grammar_masks
+
+    vocab, rng = 32768 + 5, np.random.default_rng(1)  # not a multiple of 32: the last word's spare bits are ignored
+    words = (vocab + 31) // 32
+    few = np.zeros(words, dtype=np.int32)
+    few[rng.integers(words, size=40)] = rng.integers(1, 2**31, size=40)
+    most = np.full(words, -1, dtype=np.int32)
+    most[rng.integers(words, size=40)] = rng.integers(-2**31, -1, size=40)
+    some = rng.integers(-2**31, 2**31, size=words, dtype=np.int64).astype(np.int32)
+    logits = torch.from_numpy(rng.normal(size=(5, vocab)).astype(np.float32))
+    for rows in ([0, 1, 2], [4, 2, 0], [1, 3, 2]):
+        masked = logits.clone()
+        apply_grammar_masks(masked, rows, [few, most, some])
+        expected = logits.clone()
+        for row, packed in zip(rows, [few, most, some]):
+            allowed = np.unpackbits(packed.view(np.uint8), bitorder="little")[:vocab]
+            expected[row] += torch.from_numpy(np.where(allowed, np.float32(0), np.float32(-np.inf)))
+        assert torch.equal(masked, expected)

@@ -140,8 +140,6 @@ class LLMEngine:
         self.num_constrained_requests += 1
         matcher = self.grammars.compile(params.structured_outputs).matcher(
             params.max_tokens if self.grammars.close_json else None)
-        # A plain greedy row needs only its mask's bits (Sampler.masked_argmax); any other, the additive row.
-        matcher.needs_bias = not (params.is_greedy and not params.changes_logits)
         return matcher
 
     def _propose(self, seq: Sequence, max_tokens: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Batched sampling: each row of logits with its own SamplingParams.
 
-Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, the grammar's mask (a row of
-0 / -inf, engine/structured/), then greedy argmax, or
+Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, the grammar's mask (-inf where
+it forbids, engine/structured/), then greedy argmax, or
 temperature -> top-k -> top-p -> min-p -> one inverse-CDF draw. Log-probabilities are of the raw
 model distribution (vLLM's default), not of the processed one.
 
@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from ridgeline.engine.sampling_params import SamplingParams
+from ridgeline.engine.structured.matcher import apply_grammar_masks
 
 # Top-p first looks at this many candidates, then 8x more for rows they do not cover.
 TOP_P_CANDIDATES = 1024
@@ -44,8 +46,8 @@ class TokenLogprobs:
 class GrammarMask(Protocol):
     """A constrained row's mask (engine/structured/matcher.py GrammarMatcher)."""
 
-    def bias(self) -> torch.Tensor:
-        """[vocab] float32: 0 where allowed, -inf where forbidden."""
+    def words(self) -> np.ndarray:
+        """[ceil(vocab / 32)] int32, llguidance's packed mask: bit t % 32 of word t // 32 set where t is allowed."""
 
     def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
         """The first largest of `logits` among the allowed tokens; `best` is the unmasked row's argmax."""
@@ -86,13 +88,12 @@ class Sampler:
         if all(plain):
             ids = argmax_rows(raw)  # the hot path: nothing to copy
         else:
-            # A plain greedy row's grammar is applied below, from its bits; only the others need an additive row.
-            grammar_bias = None if grammars is None else [
-                None if g is None or plain[row] else g.bias() for row, g in enumerate(grammars)]
+            # A plain greedy row's grammar is applied below, from its bits; the others' masks in the chunk's buffer.
+            masked = None if grammars is None else [None if plain[row] else g for row, g in enumerate(grammars)]
             ids = [0] * len(params)
             for start in range(0, len(params), ROW_CHUNK):
                 rows = range(start, min(start + ROW_CHUNK, len(params)))
-                chosen = self._sample_chunk(raw, params, prompt_token_ids, output_token_ids, rows, grammar_bias)
+                chosen = self._sample_chunk(raw, params, prompt_token_ids, output_token_ids, rows, masked)
                 for row, token_id in zip(rows, chosen):
                     ids[row] = token_id
         if grammars is not None:  # a plain greedy row: the best allowed token, its argmax wherever that is allowed
@@ -119,7 +120,7 @@ class Sampler:
         prompt_token_ids: Sequence[Sequence[int]],
         output_token_ids: Sequence[Sequence[int]],
         rows: range,
-        grammar_bias: Sequence[torch.Tensor | None] | None = None,
+        grammars: "Sequence[GrammarMask | None] | None" = None,
     ) -> list[int]:
         """Token ids for `rows`, in that order. Sampled rows are copied to the front of the buffer
         and greedy ones behind them, so each kind is one contiguous slice."""
@@ -132,10 +133,10 @@ class Sampler:
             apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
         if any(p.logit_bias for p in ordered_params):
             apply_logit_bias(work, ordered_params)
-        if grammar_bias is not None:
-            for position, row in enumerate(order):
-                if grammar_bias[row] is not None:
-                    work[position].add_(grammar_bias[row].to(work.device, non_blocking=True))
+        if grammars is not None:
+            constrained = [position for position, row in enumerate(order) if grammars[row] is not None]
+            if constrained:
+                apply_grammar_masks(work, constrained, [grammars[order[position]].words() for position in constrained])
 
         token_ids = torch.empty(len(order), dtype=torch.long, device=raw.device)
         if len(sampled) < len(order):

@@ -1,8 +1,10 @@
 """One request's grammar state: the tokens it allows next, and the tokens it has taken.
 
-The mask is llguidance's bitmask unpacked to one byte a token (~0.01 ms). A plain greedy request needs no more: its
-token is the row's argmax where the grammar allows it, else the best of the allowed ones (masked_argmax), with no
-copy of the logits. Any other request gets an additive row (0 / -inf) the sampler adds to its logits."""
+The mask is llguidance's bitmask as it comes (one bit a token, 32 to an int32 word), filled for the whole step's
+batch in one call (fill_masks) on the engine's mask worker. Nothing else is built ahead: a plain greedy request's
+token is its row's argmax wherever the grammar allows it (one bit read), else the best of the allowed ones
+(masked_argmax, which unpacks the bits only then); a sampled request's row is masked with the others of its batch
+in one vectorised op in the sampler (apply_grammar_masks), not through a float row built per request."""
 
 import numpy as np
 import torch
@@ -11,9 +13,7 @@ import llguidance
 
 from ridgeline.engine.structured.vocabulary import ClosingVocabulary
 
-# Bit -> additive bias. A gather through this table costs the same whatever the mask (~0.3 ms for 262k tokens);
-# masked_fill with a boolean row costs 1-2 ms on a mixed mask (a branch per entry), and the add that applies the
-# row to the logits ~0.04 ms. The row is built ahead, off the step's critical path (engine/structured/masks.py).
+# Bit -> additive bias, for bias() (tests and tools; the sampler masks whole batches with apply_grammar_masks).
 _BIAS = np.array([-np.inf, 0.0], dtype=np.float32)
 _WORD_BITS = np.arange(32)
 SPARSE_FRACTION = 16  # at most vocab / 16 allowed: masked_argmax gathers them instead of masking the whole row
@@ -38,12 +38,10 @@ class GrammarMatcher:
         self._in_string = False  # the JSON written so far ends inside a string (followed only when closing may come)
         self._escaped = False
         self.closed_early = False  # a token was steered by closing
-        self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
-        self._bits = np.zeros(vocab_size, dtype=np.uint8)  # 1 where allowed
-        self._few: np.ndarray | None = None  # the allowed ids, where they are few
-        self._bias: torch.Tensor | None = None
+        self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # bit t of word t // 32: token t allowed
+        self._bits: np.ndarray | None = None  # 1 where allowed, one byte a token: unpacked only when asked for
+        self._few: np.ndarray | None = None  # the allowed ids, where they are few (with _bits)
         self._at = -1  # num_consumed the mask was computed for
-        self.needs_bias = True  # the engine says False for a plain greedy request (masked_argmax suffices)
 
     @property
     def is_terminated(self) -> bool:
@@ -54,44 +52,56 @@ class GrammarMatcher:
     def error(self) -> str | None:
         return self._matcher.get_error() if self._matcher.is_error() else None
 
+    @property
+    def needs_mask(self) -> bool:
+        """This position's mask is not computed yet."""
+        return self._at != self.num_consumed
+
     def compute(self) -> None:
-        """This position's mask: its bits (a bool row, and the allowed ids where they are few) and, for a request
-        that needs it (needs_bias), the additive row. Once per position, by whichever thread asks first (the
-        engine asks ahead, on its mask worker, while the forward pass runs)."""
-        if self._at != self.num_consumed:
+        """This position's mask, once per position, by whichever asks first (the engine asks ahead, for the whole
+        batch at once, on its mask worker while the forward pass runs: fill_masks)."""
+        if self.needs_mask:
             self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # drops the GIL
-            if self.close_at is not None and self.num_consumed >= self.close_at:
-                self._close()
+            self._computed()
+
+    def _computed(self) -> None:
+        if self.close_at is not None and self.num_consumed >= self.close_at:
+            self._close()
+        self._bits = self._few = None
+        self._at = self.num_consumed
+
+    def words(self) -> np.ndarray:
+        """[ceil(vocab / 32)] int32: bit t % 32 of word t // 32 is set where token t may come next."""
+        self.compute()
+        return self._words
+
+    def _unpack(self) -> np.ndarray:
+        """The mask one byte a token, and the allowed ids where they are few (masked_argmax's gather)."""
+        self.compute()
+        if self._bits is None:
             self._bits = np.unpackbits(self._words.view(np.uint8), count=self.vocab_size, bitorder="little")
-            self._few = None
             words = np.flatnonzero(self._words)  # 8k words scanned, not 262k bytes
             if len(words) * 32 <= self.vocab_size // SPARSE_FRACTION or \
                     np.count_nonzero(self._bits) <= self.vocab_size // SPARSE_FRACTION:
                 in_words = np.unpackbits(self._words[words].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
                 self._few = (words[:, None] * 32 + _WORD_BITS)[in_words.view(np.bool_)]
-            self._bias = None
-            self._at = self.num_consumed
-        if self.needs_bias and self._bias is None:
-            self._bias = torch.from_numpy(np.take(_BIAS, self._bits))
+        return self._bits
 
     def bias(self) -> torch.Tensor:
         """[vocab] float32: 0 where the next token may be, -inf where the grammar forbids it."""
-        self.compute()
-        if self._bias is None:
-            self._bias = torch.from_numpy(np.take(_BIAS, self._bits))
-        return self._bias
+        return torch.from_numpy(np.take(_BIAS, self._unpack()))
 
     def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
         """The first largest of `logits` ([vocab], on the CPU) among the tokens allowed; `best` is its unmasked
-        argmax, the answer wherever the grammar allows it. Else, among few allowed tokens, a gather; among many, the
-        whole row masked. Exactly the argmax of the masked row, ties included (first of equals)."""
-        self.compute()
-        if self._bits[best]:
+        argmax, the answer wherever the grammar allows it (one bit read). Else, among few allowed tokens, a gather;
+        among many, the whole row masked. Exactly the argmax of the masked row, ties included (first of equals)."""
+        if self.allows(best):
             return best
+        bits = self._unpack()
         values = logits.numpy()
         if self._few is not None:
             return int(self._few[values[self._few].argmax()])
-        return int(np.where(self._bits.view(np.bool_), values, -np.inf).argmax())
+        return int(np.where(bits.view(np.bool_), values, -np.inf).argmax())
 
     def _close(self) -> None:
         for tier in self._closing.in_string if self._in_string else self._closing.out_of_string:
@@ -103,7 +113,7 @@ class GrammarMatcher:
 
     def allows(self, token_id: int) -> bool:
         self.compute()
-        return bool(self._bits[token_id])
+        return bool((int(self._words[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def consume(self, token_ids: list[int]) -> bool:
         """Take the tokens sampled for this request; False if the grammar refuses one (then it stays in error)."""
@@ -123,3 +133,64 @@ class GrammarMatcher:
                 self._escaped = True
             elif byte == 0x22:  # quote
                 self._in_string = not self._in_string
+
+
+def fill_masks(executor: llguidance.LLExecutor, matchers: list[GrammarMatcher]) -> None:
+    """The masks of every matcher not yet computed at its position, in one llguidance call into one fresh [rows,
+    words] buffer (each matcher keeps a view of its row: fresh, so no later step overwrites a mask still read)."""
+    stale = [matcher for matcher in matchers if matcher.needs_mask]
+    if not stale:
+        return
+    words = stale[0]._words.shape[0]
+    buffer = np.empty((len(stale), words), dtype=np.int32)
+    executor.unsafe_compute_mask_ptr([(matcher._matcher, i) for i, matcher in enumerate(stale)],
+                                     buffer.ctypes.data, words * 4, len(stale))  # drops the GIL
+    for matcher, row in zip(stale, buffer):
+        matcher._words = row
+        matcher._computed()
+
+
+def apply_grammar_masks(logits: torch.Tensor, rows: list[int], words: list[np.ndarray]) -> None:
+    """In place on float32 logits [R, vocab]: -inf at row rows[i]'s tokens that words[i] (a packed mask) forbids.
+    The values are those of adding a 0 / -inf row, without a float row per request and with less memory traffic,
+    which is what a 262k row costs: where a mask's forbidden tokens lie in few words, only they are written; where
+    its allowed ones do (between JSON values), those are kept and the row refilled; the other rows are unpacked
+    whole and selected, all in one op (not masked_fill, which branches per entry)."""
+    vocab = logits.shape[-1]
+    forbidden = torch.tensor(float("-inf"), device=logits.device)
+    mixed_rows, mixed_words = [], []
+    for row, packed in zip(rows, words):
+        # By words, not tokens: finding the ids costs by the words they lie in, and ~10k tokens spread over 8k
+        # words (what a JSON string allows of Gemma's vocabulary) are cheaper selected whole.
+        partial = np.flatnonzero(packed != -1)  # the words with a forbidden token
+        if len(partial) * 32 <= vocab // SPARSE_FRACTION:
+            ids = _set_bits(partial, ~packed[partial], vocab)
+            logits[row].index_fill_(0, torch.from_numpy(ids).to(logits.device), float("-inf"))
+            continue
+        nonzero = np.flatnonzero(packed)
+        if len(nonzero) * 32 <= vocab // SPARSE_FRACTION:
+            ids = torch.from_numpy(_set_bits(nonzero, packed[nonzero], vocab)).to(logits.device)
+            target = logits[row]  # a row's view: 1-d index ops (2-d advanced indexing is ~50x slower here)
+            kept = target.index_select(0, ids)
+            target.fill_(float("-inf"))
+            target.index_copy_(0, ids, kept)
+            continue
+        mixed_rows.append(row)
+        mixed_words.append(packed)
+    if not mixed_rows:
+        return
+    allowed = np.unpackbits(np.stack(mixed_words).view(np.uint8), axis=1, count=vocab, bitorder="little")
+    allowed = torch.from_numpy(allowed.view(np.bool_)).to(logits.device)
+    if mixed_rows == list(range(mixed_rows[0], mixed_rows[0] + len(mixed_rows))):  # one slice: one op
+        target = logits[mixed_rows[0]:mixed_rows[0] + len(mixed_rows)]
+        torch.where(allowed, target, forbidden, out=target)
+    else:
+        for i, row in enumerate(mixed_rows):
+            torch.where(allowed[i], logits[row], forbidden, out=logits[row])
+
+
+def _set_bits(word_ids: np.ndarray, words: np.ndarray, vocab: int) -> np.ndarray:
+    """The token ids of the set bits of `words` (int32, at word positions word_ids), below vocab."""
+    bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little").view(np.bool_)
+    ids = (word_ids[:, None] * 32 + _WORD_BITS)[bits]
+    return ids[ids < vocab]
