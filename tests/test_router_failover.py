@@ -9,10 +9,9 @@ import time
 
 import httpx
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from cluster_helpers import TEST_RATES, local_group
+from test_router_server import answering_app
 from ridgeline.cluster.http_replica import HttpReplica
 from ridgeline.cluster.rates import Rates
 from ridgeline.cluster.router import ModelGroup, Router
@@ -70,23 +69,6 @@ class DyingBackend:
         self.listener.close()
 
 
-def answering_app(calls: list) -> FastAPI:
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health():
-        return JSONResponse({})
-
-    @app.post("/{path:path}")
-    async def answer(path: str):
-        calls.append(path)
-        return JSONResponse({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "stub",
-                             "choices": [{"index": 0, "text": " ok", "finish_reason": "length", "logprobs": None}],
-                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-    return app
-
-
 def routed(groups_of, on_built=None):
     """A router app over the groups `groups_of()` makes (in the server's loop), as a BackgroundServer; the built
     router lands in `on_built`."""
@@ -109,7 +91,7 @@ def events(text: str) -> list[dict]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_openai_backend_that_had_the_request_and_died_is_a_502_never_a_rerun(stream):
     dying, live_calls, built = DyingBackend("drop"), [], {}
-    with BackgroundServer(answering_app(live_calls)) as live, \
+    with BackgroundServer(answering_app(live_calls, reprefills=None)) as live, \
             routed(lambda: [ModelGroup("m", 0.5, [HttpReplica("m/0", "m", dying.url),
                                                   HttpReplica("m/1", "m", live.url)])], built) as server:
         body = {"model": "m", "prompt": "the fox", "max_tokens": 4, "stream": stream}
@@ -128,7 +110,7 @@ def test_an_openai_backend_that_had_the_request_and_died_is_a_502_never_a_rerun(
 
 def test_an_openai_backend_gone_before_the_request_reached_it_is_failed_over():
     gone, live_calls = DyingBackend("drop"), []
-    with BackgroundServer(answering_app(live_calls)) as live, \
+    with BackgroundServer(answering_app(live_calls, reprefills=None)) as live, \
             routed(lambda: [ModelGroup("m", 0.5, [HttpReplica("m/0", "m", gone.url),
                                                   HttpReplica("m/1", "m", live.url)])]) as server:
         gone.stop()  # up at the router's first health check, then gone: the connection is refused
@@ -141,7 +123,7 @@ def test_an_openai_backend_gone_before_the_request_reached_it_is_failed_over():
 
 def test_an_openai_stream_cut_midway_ends_with_an_error_event_and_runs_nowhere_else():
     dying, live_calls = DyingBackend("stream"), []
-    with BackgroundServer(answering_app(live_calls)) as live, \
+    with BackgroundServer(answering_app(live_calls, reprefills=None)) as live, \
             routed(lambda: [ModelGroup("m", 0.5, [HttpReplica("m/0", "m", dying.url),
                                                   HttpReplica("m/1", "m", live.url)])]) as server:
         answer = httpx.post(server.url + "/v1/completions",

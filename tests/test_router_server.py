@@ -161,8 +161,9 @@ def refusing_app(status: int, retry_after: str, code: str, calls: list) -> FastA
     return app
 
 
-def answering_app(calls: list) -> FastAPI:
-    """A backend that answers every completion (a canned one) and says it re-prefilled it once."""
+def answering_app(calls: list, reprefills: int | None = 1) -> FastAPI:
+    """A backend that answers every completion (a canned one) and, unless `reprefills` is None, says it re-prefilled
+    it that many times."""
     app = FastAPI()
 
     @app.get("/health")
@@ -175,7 +176,7 @@ def answering_app(calls: list) -> FastAPI:
         return JSONResponse({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "stub",
                              "choices": [{"index": 0, "text": " ok", "finish_reason": "length", "logprobs": None}],
                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
-                            headers={"x-ridgeline-reprefills": "1"})
+                            headers={} if reprefills is None else {"x-ridgeline-reprefills": str(reprefills)})
 
     return app
 
