@@ -2,7 +2,7 @@
 became ridgeline.bench.served) shows here, not on the day someone runs the benchmark.
 
 Each script is imported in a subprocess of its own with benchmarks/ on the path, as `python benchmarks/x.py` has
-it, and without running its main(). The two that run inside llama-cpp-python's own environment are left out.
+it, and without running its main(). The three that run inside llama-cpp-python's own environment are left out.
 """
 
 import subprocess
@@ -11,7 +11,7 @@ import sys
 import pytest
 from benchmark_scripts import BENCHMARKS
 
-IN_PEER_ENVIRONMENT = {"llamacpp_worker.py", "record_llamacpp_reference.py"}  # import llama_cpp, in its own venv
+IN_PEER_ENVIRONMENT = {"llamacpp_worker.py", "lmeval_llamacpp_scores.py", "record_llamacpp_reference.py"}  # import llama_cpp
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in IN_PEER_ENVIRONMENT)
 
 
