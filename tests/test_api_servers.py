@@ -143,3 +143,54 @@ def test_a_killed_core_fails_both_api_processes_then_both_recover():
                         or len(healthy) == 2, 60)
         assert all(complete(url, "again")[0] for _ in range(4))
         stop_leaves_nothing(process)
+
+
+def test_the_next_core_ready_before_this_process_saw_the_death_is_not_lost(tmp_path, monkeypatch):
+    """The supervisor restarts a dead core at once; the next core may say it is ready to an API process that has not
+    yet seen the death. That CoreReady must survive the restart's rebinding, and what the dead core left (here its
+    EngineDead) must not end the wait: else that API process stays unready (/health 503) for good."""
+    import subprocess
+    import sys
+
+    import zmq
+    from ridgeline.server.engine_core.messages import CoreReady, EngineDead, encode
+    from ridgeline.server.engine_core.process import AttachedCore, CoreSockets
+
+    monkeypatch.setattr(AttachedCore, "_adopt", lambda self, ready: ready)  # no tokenizer or limits in these fakes
+    sockets = CoreSockets(f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
+    attached = AttachedCore(None, sockets)
+    context = zmq.Context()
+    cores = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+
+    def ready(pid: int) -> bytes:
+        return encode(CoreReady(pid, "fake", None, 1, None, "", None, 1.0, None, None))
+
+    pushes: list[zmq.Socket] = []  # closed before the context ends, however the test ends
+
+    def say(*frames: bytes) -> zmq.Socket:
+        pushes.append(push := context.socket(zmq.PUSH))
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(sockets.outbound)
+        for frame in frames:
+            push.send(frame)
+        return push
+
+    try:
+        first = say(ready(cores[0].pid))
+        assert attached.start(timeout=10).pid == cores[0].pid
+        first.send(encode(EngineDead("killed")))
+        cores[0].kill()
+        cores[0].wait()
+        say(ready(cores[1].pid))
+        assert attached.pull.poll(5000)  # both frames wait at this process before it restarts
+        time.sleep(0.2)
+        assert not attached.alive
+        assert attached.start(timeout=5).pid == cores[1].pid
+        assert attached.alive
+    finally:
+        for core in cores:
+            core.kill()
+        for push in pushes:
+            push.close(linger=0)
+        attached.close()
+        context.term()

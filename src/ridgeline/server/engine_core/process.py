@@ -114,9 +114,10 @@ class CoreProcess:
             raise RidgelineError(f"the restarted engine core admits differently ({ready.limits} != {self.ready.limits})")
         return ready
 
-    def _await_ready(self, timeout: float, *watched: int) -> CoreReady | None:
+    def _await_ready(self, timeout: float, *watched: int, dead_pid: int | None = None) -> CoreReady | None:
         """The core's CoreReady; None if it failed first, one of `watched` (a process sentinel, a wake-up pipe)
-        became readable, or `timeout` passed."""
+        became readable, or `timeout` passed. With `dead_pid` (waiting for the core after that one), whatever the
+        dead core had sent is skipped, its EngineDead included."""
         poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         for fd in watched:
@@ -127,9 +128,9 @@ class CoreProcess:
             waited += 0.5
             if self.pull in events:
                 message = decode(self.pull.recv())
-                if isinstance(message, CoreReady):
+                if isinstance(message, CoreReady) and message.pid != dead_pid:
                     return message
-                if isinstance(message, EngineDead):
+                if isinstance(message, EngineDead) and dead_pid is None:
                     return None
             elif events:  # the sentinel: the process ended before it was ready (or a wake-up)
                 return None
@@ -184,8 +185,10 @@ class CoreProcess:
 
 class AttachedCore(CoreProcess):
     """One API process's side of a core that another process (the supervisor of several API processes) started
-    and restarts. `start` binds this API process's socket pair (afresh each time: what was queued for a core that
-    died is dropped with the old sockets) and waits for the core, first or next, to say it is ready."""
+    and restarts. `start` binds this API process's socket pair and waits for the core, first or next, to say it is
+    ready. On a restart only the socket to the core is bound afresh, dropping what was queued for the dead core: the
+    supervisor may have started the next core before this process saw the last one die, and that core's CoreReady
+    may already wait on the socket from the core, so that one is kept (and the dead core's leftovers skipped)."""
 
     owns_core = False  # Shutdown is the supervisor's to give (with SIGTERM, once every API process has drained)
 
@@ -198,8 +201,14 @@ class AttachedCore(CoreProcess):
         self._pidfd: int | None = None
 
     def start(self, timeout: float = READY_SECONDS) -> CoreReady:
-        self._bind(self.sockets)
-        ready = self._await_ready(timeout, *([self.wake_fd] if self.wake_fd is not None else []))
+        if self.pull is None:
+            self._bind(self.sockets)
+        else:
+            self.push.close(linger=0)
+            self.push = self._context.socket(zmq.PUSH)
+            self.push.setsockopt(zmq.LINGER, 0)
+            self.push.bind(self.sockets.inbound)
+        ready = self._await_ready(timeout, *([self.wake_fd] if self.wake_fd is not None else []), dead_pid=self._pid)
         if ready is None:
             raise RidgelineError(f"no engine core said it was ready within {timeout:.0f} s (or this API process is "
                                  "stopping)")
