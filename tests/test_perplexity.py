@@ -45,5 +45,6 @@ def test_quantized_path_within_one_percent_of_f32(default_checkpoint, default_to
     bos = default_tokenizer.bos_id if default_tokenizer.add_bos else None
     quantized = score(default_runner, ids, bos, 512)
     f32 = score(make_runner(default_checkpoint, "f32", num_blocks=32), ids, bos, 512)
+    print(f"first {F32_WINDOWS} windows: PPL {quantized.perplexity:.4f} quantised, {f32.perplexity:.4f} f32")
     assert quantized.windows == f32.windows == F32_WINDOWS
     assert abs(quantized.perplexity - f32.perplexity) / quantized.perplexity < 0.01
