@@ -1,7 +1,10 @@
 """`serve --engine-core process --api-server-count 2`: two API processes on one port in front of one engine core.
 Concurrent requests reach both (each answer says which served it) with the same greedy outputs as one API
 process; each process's /metrics counts its own requests; a killed core fails the streams of both with
-engine_dead and both recover; SIGTERM leaves no process behind."""
+engine_dead and both recover; SIGTERM leaves no process behind.
+
+The two-API-process server is started once for the module (a start is seconds of process spawning); the test that
+kills its core leaves it recovered, and the last test stops it."""
 
 import contextlib
 import json
@@ -13,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 from server_helpers import serve_tiny_model_process
 
 PROMPTS = [f"{start} {n}" for n in range(6) for start in ("The quick brown fox", "Once upon a time")]
@@ -81,68 +85,77 @@ def stop_leaves_nothing(process) -> None:
     assert wait_for(lambda: all(gone(pid) for pid in family), 10), "a child outlived serve"
 
 
-def test_two_api_processes_serve_concurrently_as_one():
+@pytest.fixture(scope="module")
+def two_apis():
+    """(process, url) of `serve --engine-core process --api-server-count 2`, once both API processes listen."""
+    with serve_tiny_model_process("--engine-core", "process", "--api-server-count", "2",
+                                  "--drain-timeout", "1") as (process, url):
+        # Both listen once both have said so on /health (until then the kernel gives every connection to the other).
+        seen: set[str] = set()
+        assert wait_for(lambda: seen.add(httpx.get(f"{url}/health").headers[HEADER]) or len(seen) == 2, 60)
+        yield process, url
+
+
+def test_two_api_processes_serve_concurrently_as_one(two_apis):
     with serve_tiny_model_process("--engine-core", "process", "--drain-timeout", "1") as (one, url):
         expected = [text for text, _ in answers(url)]
         one.send_signal(signal.SIGTERM)
         one.wait(60)
-    with serve_tiny_model_process("--engine-core", "process", "--api-server-count", "2",
-                                  "--drain-timeout", "1") as (two, url):
-        # Both listen once both have said so on /health (until then the kernel gives every connection to the other).
-        seen: set[str] = set()
-        assert wait_for(lambda: seen.add(httpx.get(f"{url}/health").headers[HEADER]) or len(seen) == 2, 60)
-        got = answers(url)
-        assert [text for text, _ in got] == expected
-        served_by = [index for _, index in got]
-        assert set(served_by) == {"0", "1"}, served_by
-        pages = scrape_each(url)
-        # Each process counts the requests it served; the core's gauges are the same in both.
-        assert {index: counted(page) for index, page in pages.items()} == \
-               {index: served_by.count(index) for index in ("0", "1")}
-        assert all('ridgeline_num_requests_running{model_name="tiny-llama"} 0.0' in page for page in pages.values())
-        stop_leaves_nothing(two)
+    _, url = two_apis
+    before = {index: counted(page) for index, page in scrape_each(url).items()}  # whatever other tests sent first
+    got = answers(url)
+    assert [text for text, _ in got] == expected
+    served_by = [index for _, index in got]
+    assert set(served_by) == {"0", "1"}, served_by
+    pages = scrape_each(url)
+    # Each process counts the requests it served; the core's gauges are the same in both.
+    assert {index: counted(page) - before[index] for index, page in pages.items()} == \
+           {index: served_by.count(index) for index in ("0", "1")}
+    assert all('ridgeline_num_requests_running{model_name="tiny-llama"} 0.0' in page for page in pages.values())
 
 
-def test_a_killed_core_fails_both_api_processes_then_both_recover():
-    with serve_tiny_model_process("--engine-core", "process", "--api-server-count", "2",
-                                  "--drain-timeout", "1") as (process, url):
-        api_pids = {int(page.split('pid="')[1].split('"')[0]) for page in scrape_each(url).values()}
-        streams: dict[str, list[str]] = {}  # API process -> the events of one stream it serves
-        lock = threading.Lock()
+def test_a_killed_core_fails_both_api_processes_then_both_recover(two_apis):
+    process, url = two_apis
+    api_pids = {int(page.split('pid="')[1].split('"')[0]) for page in scrape_each(url).values()}
+    streams: dict[str, list[str]] = {}  # API process -> the events of one stream it serves
+    lock = threading.Lock()
 
-        def stream() -> None:
-            with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
-                              json={"prompt": "Once", "max_tokens": 450, "ignore_eos": True, "stream": True}) as reply:
-                with lock:
-                    if reply.headers[HEADER] in streams:
-                        return  # that process has one already: leave, its abort frees the core
-                    events = streams[reply.headers[HEADER]] = []
-                for line in reply.iter_lines():
-                    if line.startswith("data:"):
-                        events.append(line)
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+                          json={"prompt": "Once", "max_tokens": 450, "ignore_eos": True, "stream": True}) as reply:
+            with lock:
+                if reply.headers[HEADER] in streams:
+                    return  # that process has one already: leave, its abort frees the core
+                events = streams[reply.headers[HEADER]] = []
+            for line in reply.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line)
 
-        threads = []
-        while len(streams) < 2 and len(threads) < 40:
-            threads.append(threading.Thread(target=stream))
-            threads[-1].start()
-            time.sleep(0.05)
-        assert wait_for(lambda: len(streams) == 2 and all(streams.values()), 30)
-        core = next(pid for pid in descendants(process.pid) if pid not in api_pids
-                    and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes())
-        killed = time.monotonic()
-        os.kill(core, signal.SIGKILL)  # serve is its parent and reaps it: the pid is not reused meanwhile
-        for thread in threads:
-            thread.join(10)
-        assert time.monotonic() - killed < 5, "in-flight streams must end at once, not hang"
-        for events in streams.values():
-            errors = [json.loads(line[5:])["error"] for line in events if '"error"' in line]
-            assert errors and errors[0]["code"] == "engine_dead" and events[-1] == "data: [DONE]", events[-3:]
-        # The supervisor started a new core; both API processes take requests again.
-        healthy: set[str] = set()
-        assert wait_for(lambda: (r := httpx.get(f"{url}/health")).status_code == 200 and healthy.add(r.headers[HEADER])
-                        or len(healthy) == 2, 60)
-        assert all(complete(url, "again")[0] for _ in range(4))
-        stop_leaves_nothing(process)
+    threads = []
+    while len(streams) < 2 and len(threads) < 40:
+        threads.append(threading.Thread(target=stream))
+        threads[-1].start()
+        time.sleep(0.05)
+    assert wait_for(lambda: len(streams) == 2 and all(streams.values()), 30)
+    core = next(pid for pid in descendants(process.pid) if pid not in api_pids
+                and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes())
+    killed = time.monotonic()
+    os.kill(core, signal.SIGKILL)  # serve is its parent and reaps it: the pid is not reused meanwhile
+    for thread in threads:
+        thread.join(10)
+    assert time.monotonic() - killed < 5, "in-flight streams must end at once, not hang"
+    for events in streams.values():
+        errors = [json.loads(line[5:])["error"] for line in events if '"error"' in line]
+        assert errors and errors[0]["code"] == "engine_dead" and events[-1] == "data: [DONE]", events[-3:]
+    # The supervisor started a new core; both API processes take requests again.
+    healthy: set[str] = set()
+    assert wait_for(lambda: (r := httpx.get(f"{url}/health")).status_code == 200 and healthy.add(r.headers[HEADER])
+                    or len(healthy) == 2, 60)
+    assert all(complete(url, "again")[0] for _ in range(4))
+
+
+def test_sigterm_leaves_no_process_behind(two_apis):
+    stop_leaves_nothing(two_apis[0])
 
 
 def test_the_next_core_ready_before_this_process_saw_the_death_is_not_lost(tmp_path, monkeypatch):

@@ -14,7 +14,6 @@ from tokenizers import Tokenizer as HfBackend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ridgeline.errors import ModelLoadError, UnsupportedError
-from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.model.default_model import default_model_path
 from ridgeline.model.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_dir
 from ridgeline.model.tokenizer.bpe import byte_level_bpe
@@ -47,11 +46,12 @@ def test_gemma_ids_equal_llama_cpp(gemma, text, special, ids):
 
 
 @pytest.mark.slow
-def test_the_cached_vocabulary_gives_the_same_tokenizer():
+def test_the_cached_vocabulary_gives_the_same_tokenizer(default_tokenizer):
     """read_checkpoint() builds the tokenizer from the cached GGUF index (written on first use), not the reader: it
-    must equal the tokenizer built from the file parsed again (the one test here that pays that parse, ~13 s)."""
+    must equal the tokenizer built from the file parsed again (the one test here that pays that parse, ~13 s).
+    `default_tokenizer` is that cached build, the suite's own (conftest.py)."""
     gemma = tokenizer_from_gguf(gguf.GGUFReader(default_model_path()))
-    cached = read_checkpoint().load_tokenizer()
+    cached = default_tokenizer
     for text, special, ids in REFERENCE_CASES:
         assert cached.encode(text, special=special) == ids
         assert cached.decode(ids, skip_special=False) == gemma.decode(ids, skip_special=False)
