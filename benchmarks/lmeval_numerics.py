@@ -5,7 +5,7 @@
 lm-eval's remote tokenizer sends its (question, choice) pairs without a BOS, and there ridgeline and llama.cpp
 differ by up to 1.86 nats (lmeval_remote.py). To tell whose arithmetic that is, this scores the same 80 pairs
 offline (ridgeline's LLM with prompt logprobs, the task of benchmarks/lmeval/) three ways: as served (quantised
-weights, int8 activation blocks in the compiled kernels, bf16 KV), with fp32 KV, and with the weights dequantised
+weights, 8-bit activations in the matmuls: int8 blocks or bf16, bf16 KV), with fp32 KV, and with the weights dequantised
 to f32 at load (plain float matmuls: the arithmetic both engines approximate). Each is compared with the others
 and with llama.cpp's scores saved by lmeval_remote.py --compare-llamacpp. `--bos` puts the BOS first on every
 pair (not what lm-eval sends), the contrast. Writes results/lmeval_remote/numerics[_bos].json.
