@@ -104,6 +104,9 @@ def simulate_command(
                          parse_split(disaggregate), Link(link_gb_s * 1e9, link_latency_us * 1e-6), calibrated, profile,
                          threads)
     deploy = deployment(options)
+    warnings = deploy.step_time.warnings(scheduler.itl_target is not None) if calibrated else []
+    for warning in warnings:  # on stderr, so --json stays one document
+        Console(stderr=True).print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if usd_per_hour is None:
         price = price_of(hardware or THIS_MACHINE)
         usd_per_hour, price_source = price.usd_per_hour, price.source
@@ -117,7 +120,7 @@ def simulate_command(
               "kv_pages": deploy.pool.num_pages, "kv_tokens": deploy.pool.tokens_of_all_layers,
               "scheduler": dataclasses.asdict(scheduler), "block_size": block_size, "replicas": replicas, "disaggregate": disaggregate,
               "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms}, "workload": workload,
-              "price": {"usd_per_hour": usd_per_hour, "source": price_source}}
+              "price": {"usd_per_hour": usd_per_hour, "source": price_source}, "warnings": warnings}
     if search:
         report = {"config": config, "search": run_search(options, deploy, slo, target_rate, common, usd_per_hour)}
         print(json.dumps(report, indent=2)) if as_json else print_search(console, report["search"])

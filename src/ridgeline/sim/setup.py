@@ -63,7 +63,7 @@ def calibrated_step_time(shape: ModelShape, options: SimOptions) -> CalibratedSt
     path = options.profile or profile_path(shape.name)
     profile = Profile.load(path)
     profile.stamp.check(current_stamp(shape.name, options.threads or torch.get_num_threads()), path)
-    return CalibratedStepTime(profile)
+    return CalibratedStepTime(profile, str(path))
 
 
 def deployment(options: SimOptions) -> Deployment:
