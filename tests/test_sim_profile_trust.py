@@ -170,3 +170,37 @@ def test_profile_refuses_a_busy_measurement_unless_forced_and_simulate_warns(tin
         "--workload", "rate:50", "--num-prompts", "4", "--input-len", "20", "--output-len", "4", "--json"])
     assert simulated.exit_code == 0, simulated.output
     assert f"warning: profile {out} is flagged: taken under load" in simulated.stderr.replace("\n", " ")
+
+
+def test_a_calibrated_replica_draws_the_measured_jitter_reproducibly():
+    """Each simulated step is the fit's prediction times a measured/predicted ratio of the profile's own steps, drawn
+    by the replica's seeded generator: the same run twice gives the same times, and the mean stays the fit's."""
+    from ridgeline.engine.scheduler import SchedulerConfig
+    from ridgeline.sim.kv_pool import kv_pool
+    from ridgeline.sim.replica import Replica
+
+    shape = model_spec("gemma-3-270m").shape(None)
+    terms_of = TermsOf(shape, 2, COMPILED_PATH)
+    settings = {"engine_path": {"logits_every_chunk": True}}
+    fitted = CalibratedStepTime(Profile(STAMP, (3e-3, 5e-4, 0.0, 9e-4, 0.0, 2e-12, 5e-11), 40, 0.1, settings))
+    ratios = [0.9, 0.95, 1.0, 1.3] * 10  # what each kept step took against the fit's price of it
+    shapes = [((300 + i, 1, True),) * (1 + i % 5) for i in range(40)]
+    steps = tuple((chunks, fitted.seconds(terms_of.of_chunks(list(chunks))) * r) for chunks, r in zip(shapes, ratios))
+    profile = Profile(STAMP, fitted.coefficients, 40, 0.1, settings, steps)
+    model = CalibratedStepTime(profile, None, terms_of)
+    assert model.spread == pytest.approx(sorted(ratios))
+    assert CalibratedStepTime(profile).spread == ()  # without the engine's counting, no jitter
+
+    def run() -> list[float]:
+        replica = Replica("replica-0", SchedulerConfig(), kv_pool(shape, 1 << 30, 16, 2), 4096, shape.vocab_size,
+                          model, terms_of)
+        replica.add("r", tuple(range(100)), 30, 0.0)
+        now, times = 0.0, []
+        while (end := replica.start_step(now)) is not None:
+            times.append(end - now)
+            replica.finish_step(end)
+            now = end
+        return times
+
+    first = run()
+    assert first == run() and len(set(first)) > 2  # repeatable, and not one fixed time

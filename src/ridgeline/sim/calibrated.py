@@ -31,7 +31,7 @@ from ridgeline.errors import RidgelineError
 from ridgeline.machine.busy import LoadReading
 from ridgeline.sim.engine_path import EnginePath
 from ridgeline.sim.stamp import Stamp
-from ridgeline.sim.step_time import StepTerms
+from ridgeline.sim.step_time import StepTerms, TermsOf
 
 TERMS = ("step", "chunks", "decode_tiles", "prompt_tiles", "logit_tiles", "prompt_attention_flops", "kv_read_bytes")
 # 1 fitted per-row FLOPs, which a tiled engine path does not follow; 2 had no source; 3 priced decode attention on
@@ -148,10 +148,21 @@ class Profile:
 
 
 class CalibratedStepTime:
-    def __init__(self, profile: Profile, location: str | None = None):
+    def __init__(self, profile: Profile, location: str | None = None, terms_of: TermsOf | None = None):
         self.profile, self.location = profile, location  # location: the file it was read from, for warnings
         self.coefficients = profile.coefficients
         self.path = EnginePath.from_settings(profile.settings)  # the simulator counts tiles as the profiled engine did
+        # The measured steps' jitter: measured / predicted for every step the profile kept (with `terms_of`, the
+        # counting of the profiled engine). The fit prices the mean of steps that look alike, but a shared
+        # machine's step times are skewed right: without jitter a simulated stream's ITL p50 is that mean (above
+        # the measured median) and its p99 is its p50 at light load (24 % below measured, 2026-12-02). A simulated
+        # replica multiplies each step by one of these ratios, drawn with its own seeded generator (sim/replica.py);
+        # the ITL target's step-cost estimate uses the prediction alone, as the engine's own estimate is a mean.
+        self.spread: tuple[float, ...] = ()
+        if terms_of is not None and profile.steps:
+            ratios = [seconds / self.seconds(terms_of.of_chunks([tuple(chunk) for chunk in chunks]))
+                      for chunks, seconds in profile.steps]
+            self.spread = tuple(sorted(r for r in ratios if np.isfinite(r) and r > 0))
         timed = "server step cycles" if profile.source == "server" else "engine steps"
         self.name = (f"calibrated on {profile.stamp.cpu}, {profile.stamp.threads} threads ({profile.samples} "
                      f"{timed}, median fit error {profile.median_abs_error:.1%})")
