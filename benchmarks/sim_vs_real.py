@@ -12,7 +12,7 @@
    while other processes took more than 10 % of the cores (machine/busy.py). The profile is kept in
    benchmarks/out/sim_vs_real/ (and copied to benchmarks/results/sim_vs_real/sim_validation_profile.json by the
    table) and measured again only when its stamp no longer matches (other commit, CPU or thread count) or it does
-   not cover both modes. The fit never sees a validation trace. About 7 minutes on 2 cores.
+   not cover both modes. The fit never sees a validation trace. About 4.5 minutes on 2 cores.
 2. Writes one trace per load level: Poisson arrivals at 5 rates and all-at-once arrivals for 3 concurrencies;
    prompts of token ids, a mix of short and long (96 to 1,408 tokens), half of the longer ones opening with one
    shared 192-token prefix (the prefix cache is exercised), 12-48 output tokens; seeds 200-207. (The checked-in
@@ -137,6 +137,8 @@ def measure(args: argparse.Namespace, levels: list, vocab: int, mode: str) -> No
         warm = make_trace(OUT / "warm-up.jsonl", 3, vocab, None, seed=99)
         bench_serve(BenchServeConfig(url, trace=warm), [LoadLevel(concurrency=3)])
         for seed, label, rate, concurrency in levels:
+            if args.remeasure_busy and not busy_or_missing(label, mode):
+                continue
             trace = make_trace(OUT / f"trace-{slug(label, mode)}.jsonl", args.requests, vocab, rate, seed)
             print(f"measuring {label} (--itl-target-ms {mode})", flush=True)
             config = BenchServeConfig(url, trace=trace, record=OUT / f"recorded-{slug(label, mode)}.jsonl",
@@ -149,6 +151,32 @@ def measure(args: argparse.Namespace, levels: list, vocab: int, mode: str) -> No
             print(f"  TTFT p50 {level['ttft_ms']['p50']:.0f} ms, ITL p50 {level['itl_ms']['p50']:.0f} ms, "
                   f"{level['output_tokens_per_s']:.2f} tok/s, others took {level['other_cpu_share']:.1%} of the "
                   f"cores", flush=True)
+
+
+JITTER_SEEDS = 5
+# A validation level measured while other processes took more than this share of the cores is not a fair test: it is
+# reported as under load and measured again by --remeasure-busy. Stricter than a calibration's BUSY_LIMIT (10 %):
+# every quiet level here read 0.6-1.1 %, and a level lasts 20-80 s, so a neighbour's burst of a few seconds at a
+# full core, which slows the few requests it overlaps by half, averages to only a few percent of the level.
+QUIET_LIMIT = 0.02
+
+
+def expected_run(deploy, workload) -> dict:
+    """The simulated figures of a trace, each the mean over JITTER_SEEDS runs: a calibrated step's measured jitter
+    is drawn at random, and one run's p99 of 16 requests is a noisy estimate of what the model expects."""
+    runs = [summarise_run(simulate(dataclasses.replace(deploy, jitter_seed=seed), workload), Slo(), {},
+                          deploy.shape.name) for seed in range(JITTER_SEEDS)]
+    mean = {metric: ({stat: sum(run[metric][stat] for run in runs) / len(runs) for stat in runs[0][metric]
+                      if all(run[metric][stat] is not None for run in runs)} if isinstance(runs[0][metric], dict)
+                     else sum(run[metric] for run in runs) / len(runs))
+            for metric, _ in METRICS}
+    return mean
+
+
+def busy_or_missing(label: str, mode: str) -> bool:
+    """Whether this level has no measurement yet, or one taken while other processes held the cores."""
+    path = OUT / f"measured-{slug(label, mode)}.json"
+    return not path.exists() or (json.loads(path.read_text()).get("other_cpu_share") or 0) > QUIET_LIMIT
 
 
 def value(level: dict, metric: str, stat: str | None) -> float:
@@ -166,7 +194,7 @@ def compared(deploy, levels: list, mode: str) -> tuple[list[dict], dict] | None:
         measured = json.loads(measured_path.read_text())
         workload = from_trace(read_trace(OUT / f"trace-{slug(label, mode)}.jsonl"), deploy.shape.vocab_size,
                               concurrency=concurrency)
-        simulated = summarise_run(simulate(deploy, workload), Slo(), {}, deploy.shape.name)
+        simulated = expected_run(deploy, workload)
         row = {"level": label, "requests": len(workload.requests), "measured": {}, "simulated": {}, "error_pct": {},
                "other_cpu_share": measured.get("other_cpu_share")}
         for (metric, stat), name in zip(METRICS, NAMES):
@@ -183,8 +211,15 @@ def compared(deploy, levels: list, mode: str) -> tuple[list[dict], dict] | None:
                "per_metric_median_pct": {n: median(row["error_pct"][n] for row in rows) for n in NAMES},
                # A bias shows as most simulated figures on one side: below measured = the model too fast.
                "median_signed_error_pct": median(row["signed_error_pct"][n] for row in rows for n in NAMES),
+               # Levels measured while other processes took more than QUIET_LIMIT of the cores: not a fair test.
+               "levels_measured_under_load": [row["level"] for row in rows
+                                              if (row["other_cpu_share"] or 0) > QUIET_LIMIT],
                "simulated_below_measured": sum(row["signed_error_pct"][n] < 0 for row in rows for n in NAMES),
                "target": "median <= 8 %, every TTFT p90 <= 20 %"}
+    quiet = [row for row in rows if row["level"] not in summary["levels_measured_under_load"]]
+    if quiet and len(quiet) < len(rows):  # the same figures over the levels measured on quiet cores alone
+        summary["quiet_levels"] = {"levels": len(quiet), "median_error_pct": median(errors_of(quiet)),
+                                   "max_ttft_p90_error_pct": max(row["error_pct"]["ttft_ms p90"] for row in quiet)}
     return rows, summary
 
 
@@ -216,7 +251,8 @@ def table(args: argparse.Namespace, levels: list, profile: Path) -> None:
         if found is None:
             continue
         rows, summary = found
-        summary["meets_target"] = summary["median_error_pct"] <= 8 and summary["max_ttft_p90_error_pct"] <= 20
+        summary["meets_target"] = (summary["median_error_pct"] <= 8 and summary["max_ttft_p90_error_pct"] <= 20
+                                   and not summary["levels_measured_under_load"])
         modes[mode] = {"summary": summary, "rows": rows}
         step_time = deploy.step_time
         for name in NAMES:
@@ -258,7 +294,9 @@ def markdown_table(modes: dict, step_time: str) -> str:
         for row in rows:
             cells = [f"{row['measured'][n]:.4g} / {row['simulated'][n]:.4g} ({row['error_pct'][n]:.1f} %)"
                      for n in NAMES]
-            lines.append(f"| {row['level']} | " + " | ".join(cells) + " |")
+            share = row["other_cpu_share"]
+            lines.append(f"| {row['level']} (others {'-' if share is None else f'{share:.0%}'}) | " + " | ".join(cells)
+                         + " |")
         lines.append("| median error | " + " | ".join(f"{summary['per_metric_median_pct'][n]:.1f} %" for n in NAMES)
                      + " |")
         verdict = "meets" if summary["meets_target"] else "misses"
@@ -266,7 +304,14 @@ def markdown_table(modes: dict, step_time: str) -> str:
                       f"worst TTFT p90 error: {summary['max_ttft_p90_error_pct']:.1f} % ({verdict} the target: "
                       f"{summary['target']}). {summary['simulated_below_measured']} of the {len(errors_of(rows))} "
                       f"simulated figures are below the measured ones (median signed error "
-                      f"{summary['median_signed_error_pct']:+.1f} %).", ""]
+                      f"{summary['median_signed_error_pct']:+.1f} %)."
+                      + (f" Measured under load (others above {QUIET_LIMIT:.0%} of the cores): "
+                         f"{', '.join(summary['levels_measured_under_load'])}; over the other "
+                         f"{summary['quiet_levels']['levels']} levels the median error is "
+                         f"{summary['quiet_levels']['median_error_pct']:.1f} % and the worst TTFT p90 "
+                         f"{summary['quiet_levels']['max_ttft_p90_error_pct']:.1f} %."
+                         if summary["levels_measured_under_load"]
+                         else f" Every level measured with others below {QUIET_LIMIT:.0%} of the cores."), ""]
     return "\n".join(lines)
 
 
@@ -307,7 +352,7 @@ def identify(profile_path: Path, quarters: int = 4, seed: int = 0) -> dict:
                        "whole_prompt_s": [float(v) for v in prompt], "whole_prompt_spread": spread(prompt),
                        "decode_batch_s": [float(v) for v in batch], "decode_batch_spread": spread(batch),
                        "coefficients": [[float(v) for v in c] for c in fits]}
-    return {"profile": str(profile_path), "steps": len(steps), "parts": quarters, "fits": found}
+    return {"profile": str(profile_path), "steps": len(steps), "parts": quarters, "split_seed": seed, "fits": found}
 
 
 def main() -> None:
@@ -320,6 +365,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="use this profile instead of the cached or a new one")
     parser.add_argument("--only", choices=("all", "profile", "measure", "rates", "concurrency", "table", "identify"),
                         default="all")
+    parser.add_argument("--remeasure-busy", action="store_true", help="with --only measure: measure only the levels "
+                        "not measured yet or measured while other processes took more than 2%% of the cores")
     parser.add_argument("--compare", type=Path, help="also simulate the measured levels with this profile and print "
                         "its errors (attribution; its stamp is not checked, nothing is written)")
     args = parser.parse_args()
@@ -329,13 +376,15 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     levels = levels_of(args)
     if args.only == "identify":
-        found = identify(args.profile or OUT / "profile.json")
-        (RESULTS / "identify.json").write_text(json.dumps(found, indent=2))
-        for name, fit in found["fits"].items():
-            print(f"{name}: max/min over {found['parts']} parts of {found['steps']} steps: "
-                  + ", ".join(f"{term} {value:.2f}x" for term, value in fit["coefficient_spread"].items())
-                  + f"; a whole {PROMPT_LENGTHS[-1]}-token prompt {fit['whole_prompt_spread']:.3f}x, 16 decodes at "
-                  f"context 1,000 {fit['decode_batch_spread']:.3f}x")
+        # halves and quarters, three random splits each: calibrations of about the old load's size, and smaller
+        splits = [identify(args.profile or OUT / "profile.json", parts, seed) for parts in (2, 4) for seed in range(3)]
+        (RESULTS / "identify.json").write_text(json.dumps(splits, indent=2))
+        for found in splits:
+            for name, fit in found["fits"].items():
+                print(f"{found['parts']} parts of {found['steps']} steps, {name}: max/min "
+                      + ", ".join(f"{term} {value:.2f}x" for term, value in fit["coefficient_spread"].items())
+                      + f"; a whole {PROMPT_LENGTHS[-1]}-token prompt {fit['whole_prompt_spread']:.3f}x, 16 decodes"
+                      f" at context 1,000 {fit['decode_batch_spread']:.3f}x")
         return
     profile = profile_for(args)
     if args.only == "profile":
