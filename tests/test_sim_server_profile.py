@@ -19,7 +19,7 @@ from ridgeline.model.model_source import load_model_shape
 from ridgeline.napkin.model_specs import model_spec
 from ridgeline.sim.calibrated import TERMS, CalibratedStepTime, Profile, features
 from ridgeline.sim.engine_path import NAPKIN, EnginePath
-from ridgeline.bench.server_profile import CalibrationLoad, cycles, drive, fit_cycles, read_steps
+from ridgeline.bench.server_profile import CalibrationLoad, Level, cycles, drive, fit_cycles, mode_of, read_steps
 from ridgeline.sim.stamp import Stamp
 from ridgeline.sim.step_time import TermsOf
 
@@ -82,7 +82,7 @@ def test_the_cycle_time_fit_recovers_known_costs():
     terms_of = TermsOf(model_spec("gemma-3-270m").shape(None), 2, TORCH_PATH)
     truth = np.array([3e-3, 2e-4, 4e-3, 9e-3, 1e-3, 2e-12, 0.0])
     records = synthetic_records(truth, terms_of, np.random.default_rng(0))
-    profile = fit_cycles(records, terms_of, STAMP, {"engine_path": {}})
+    profile = fit_cycles([records], terms_of, STAMP, {"engine_path": {}})
     assert profile.source == "server" and profile.samples == len(records) - 1  # the last step has no next one
     assert np.array(profile.coefficients) == pytest.approx(truth, rel=1e-4, abs=1e-14)
     assert profile.median_abs_error < 1e-9
@@ -106,7 +106,7 @@ def test_idle_gaps_missing_records_and_speculative_steps_are_not_cycles():
     assert 49 not in kept and 50 not in kept and 60 not in kept
     assert 28 in kept and 30 in kept and 51 in kept
     assert max(seconds for _, seconds in cycles(shifted)) < 1  # no wait was counted as a step
-    profile = fit_cycles(shifted, terms_of, STAMP, {})
+    profile = fit_cycles([shifted], terms_of, STAMP, {})
     assert profile.coefficients[:2] == pytest.approx((3e-3, 2e-4), rel=1e-6)
 
 
@@ -129,7 +129,7 @@ def test_no_steps_is_a_clear_error():
         fit_cycles([], terms_of, STAMP, {})
     lone = [StepRecord(i, 10.0 * i, 0.01, 1, (5,), (), 0, 0, 0, after_idle=True) for i in range(5)]
     with pytest.raises(RidgelineError, match="back to back"):
-        fit_cycles(lone, terms_of, STAMP, {})
+        fit_cycles([lone], terms_of, STAMP, {})
 
 
 class NotRidgeline(http.server.BaseHTTPRequestHandler):
@@ -157,18 +157,31 @@ def test_a_server_without_v1_steps_is_a_clear_error():
 
 def test_the_calibration_load_is_not_the_validation_traces(tmp_path):
     load = CalibrationLoad()
-    validation_prompts, validation_outputs = {64, 256, 768, 1536}, {16, 32, 64}
-    assert not set(load.prompt_tokens) & validation_prompts and not set(load.output_tokens) & validation_outputs
-    assert load.seed > 7  # the validation's trace seeds are 0-7
+    validation_prompts, validation_outputs = {96, 320, 896, 1408}, {12, 24, 48}  # benchmarks/sim_vs_real.py
+    lengths = {n for level in load.levels for n in level.prompt_tokens or load.prompt_tokens}
+    outputs = {n for level in load.levels for n in level.output_tokens or load.output_tokens}
+    assert not lengths & validation_prompts and not outputs & validation_outputs
+    seeds = {load.seed + 100 * run + level for run in range(len(load.modes)) for level in range(len(load.levels))}
+    assert not seeds & set(range(200, 208))  # the validation's trace seeds
     rows = [line for level in range(len(load.levels))
             for line in load.trace(tmp_path / f"{level}.jsonl", level, 1000).read_text().splitlines()]
-    assert len(rows) == sum(level[3] for level in load.levels)
+    assert len(rows) == sum(level.requests for level in load.levels)
+
+
+def test_the_calibration_load_covers_both_modes_and_contexts_apart_from_rows():
+    """Whole prompts beside decodes (the fixed budget) as well as small chunks (an ITL target); and decode batches
+    of one size at short and at long contexts, so the KV read is not carried by the row count."""
+    load = CalibrationLoad()
+    assert set(load.modes) == {"auto", "0"}
+    batches = [level for level in load.levels if level.prompt_tokens and level.concurrency]
+    short, long = min(batches, key=lambda l: max(l.prompt_tokens)), max(batches, key=lambda l: min(l.prompt_tokens))
+    assert short.concurrency == long.concurrency and 10 * max(short.prompt_tokens) <= min(long.prompt_tokens)
 
 
 def test_a_profile_keeps_its_source():
     terms_of = TermsOf(model_spec("gemma-3-270m").shape(None), 2, NAPKIN)
     records = synthetic_records(np.array([3e-3, 2e-4, 0, 0, 0, 0, 0]), terms_of, np.random.default_rng(2))
-    profile = fit_cycles(records, terms_of, STAMP, {})
+    profile = fit_cycles([records], terms_of, STAMP, {})
     assert len(profile.coefficients) == len(TERMS)
     assert "server step cycles" in CalibratedStepTime(profile).name
 
@@ -176,18 +189,18 @@ def test_a_profile_keeps_its_source():
 def test_a_profile_round_trips_with_its_source(tmp_path):
     terms_of = TermsOf(model_spec("gemma-3-270m").shape(None), 2, NAPKIN)
     records = synthetic_records(np.array([3e-3, 2e-4, 0, 0, 0, 0, 0]), terms_of, np.random.default_rng(3))
-    profile = fit_cycles(records, terms_of, STAMP, {})
+    profile = fit_cycles([records], terms_of, STAMP, {})
     assert Profile.load(profile.save(tmp_path / "p.json")) == profile
 
 
 def test_a_calibration_load_through_a_server_fits_a_profile(tmp_path):
     load = CalibrationLoad(prompt_tokens=(5, 30, 90), output_tokens=(6, 12), shared_prefix=8,
-                           levels=(("warm-up", 2, None, 2), ("concurrency 1", 1, None, 3), ("rate 50", None, 50.0, 8),
-                                   ("concurrency 6", 6, None, 8)))
+                           levels=(Level("warm-up", 2, None, 2), Level("concurrency 1", 1, None, 3),
+                                   Level("rate 50", None, 50.0, 8), Level("concurrency 6", 6, None, 8)))
     with serve_tiny_model() as server:
         records = drive(server.url, load, 300, tmp_path)
         terms_of = TermsOf(load_model_shape(str(tiny_model_path())), 4, NAPKIN)
-        profile = fit_cycles(records, terms_of, STAMP, {})
+        profile = fit_cycles([records], terms_of, STAMP, {})
     assert min(record.index for record in records) > 0  # the warm-up's steps are left out
     assert profile.samples >= 2 * len(TERMS) and all(c >= 0 for c in profile.coefficients)
     assert max(record.decode_rows for record in records) > 1  # the batch level batched

@@ -30,6 +30,7 @@ def profile_command(
     seed: int = typer.Option(0, "--seed", help="Seed for the random prompt ids."),
     through_server: bool = typer.Option(False, "--through-server", help="Start `ridgeline serve` with these settings, drive a calibration load through it with bench serve, and fit the cycle time of its back-to-back steps from /v1/steps (scheduling, sampling, output hand-off and the server's other threads included) instead of LLMEngine.step timed alone. The grid options do not apply."),
     server: str = typer.Option(None, "--server", help="As --through-server, against a running `ridgeline serve` at this URL (this machine and code, the same settings and --threads, no API key)."),
+    force: bool = typer.Option(False, "--force", help="Write the profile even if its fit's median error is above 15 % or other processes took more than 10 % of the cores' time while it was measured; the profile records why, and `simulate --calibrated` warns."),
 ) -> None:
     from ridgeline.sim.profile import Grid, measure
     from ridgeline.sim.setup import profile_path
@@ -51,20 +52,35 @@ def profile_command(
         with console.status("profiling through the server") as status:
             profile = measure_through_server(config, serve_args, server,
                                              progress=lambda line: status.update(f"profiling through the server: {line}"))
-        report(console, profile, profile.save(out or profile_path(profile.stamp.model)), "server step cycles")
+        report(console, profile, keep(profile, out or profile_path(profile.stamp.model), force), "server step cycles")
         return
     grid = Grid(tuple(parse_list(decode_rows, int, "--decode-rows")), tuple(parse_list(contexts, int, "--contexts")),
                 tuple(parse_list(prefill_tokens, int, "--prefill-tokens")))
     with console.status("profiling") as status:
         profile = measure(config, grid, seed, progress=lambda line: status.update(f"profiling: {line}"))
-    report(console, profile, profile.save(out or profile_path(profile.stamp.model)), "engine steps")
+    report(console, profile, keep(profile, out or profile_path(profile.stamp.model), force), "engine steps")
+
+
+def keep(profile, path: Path, force: bool) -> Path:
+    """Save the profile, unless it is flagged (a bad fit, taken under load) and not forced: then nothing is written
+    and the command fails with one line saying why."""
+    from ridgeline.errors import RidgelineError
+
+    if profile.flags and not force:
+        raise RidgelineError(f"profile refused, nothing written: {'; '.join(profile.flags)}; measure again on a quiet "
+                             f"machine, or keep it flagged with --force")
+    return profile.save(path)
 
 
 def report(console, profile, path, what: str) -> None:
     from ridgeline.sim.calibrated import TERMS
 
-    console.print(f"{profile.samples} {what} measured; fit's median error {profile.median_abs_error:.1%}",
+    console.print(f"{profile.samples} {what} measured; fit's median error {profile.median_abs_error:.1%}"
+                  + ("" if profile.other_cpu_share is None
+                     else f"; other processes took {profile.other_cpu_share:.0%} of the cores meanwhile"),
                   highlight=False)
+    for flag in profile.flags:  # kept with --force
+        console.print(f"[bold yellow]warning:[/] flagged: {flag}", highlight=False)
     for term, coefficient in zip(TERMS, profile.coefficients):
         console.print(f"  {term:>16}: {coefficient:.4g} s per unit", highlight=False)
     console.print(f"profile for {profile.stamp.model} at {profile.stamp.commit[:12]}, {profile.stamp.cpu}, "

@@ -67,7 +67,7 @@ def simulate_command(
     output_len: int = typer.Option(128, "--output-len", min=1, help="Tokens to generate per request."),
     shared_prefix_len: int = typer.Option(0, "--shared-prefix-len", min=0, help="Leading prompt tokens every synthetic request shares (prefix-cache hits)."),
     max_concurrency: int = typer.Option(None, "--max-concurrency", min=1, help="With a rate or trace: at most this many requests in flight."),
-    seed: int = typer.Option(0, "--seed", help="Seed for synthetic prompts and Poisson arrivals (bench serve's arrivals for the same seed)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for synthetic prompts and Poisson arrivals (bench serve's arrivals for the same seed), and for the measured step-time jitter a calibrated profile draws from."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1, help="Tokens computed per step (the chunk budget)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="Sequences in the running batch at most."),
     itl_target_ms: str = ITL_TARGET_MS,
@@ -103,7 +103,10 @@ def simulate_command(
                          parse_bytes(kv_cache_memory) if kv_cache_memory else None, scheduler, block_size, replicas,
                          parse_split(disaggregate), Link(link_gb_s * 1e9, link_latency_us * 1e-6), calibrated, profile,
                          threads)
-    deploy = deployment(options)
+    deploy = dataclasses.replace(deployment(options), jitter_seed=seed)  # a calibrated model's jitter draws too
+    warnings = deploy.step_time.warnings(scheduler.itl_target is not None) if calibrated else []
+    for warning in warnings:  # on stderr, so --json stays one document
+        Console(stderr=True).print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if usd_per_hour is None:
         price = price_of(hardware or THIS_MACHINE)
         usd_per_hour, price_source = price.usd_per_hour, price.source
@@ -117,7 +120,7 @@ def simulate_command(
               "kv_pages": deploy.pool.num_pages, "kv_tokens": deploy.pool.tokens_of_all_layers,
               "scheduler": dataclasses.asdict(scheduler), "block_size": block_size, "replicas": replicas, "disaggregate": disaggregate,
               "slo": {"ttft_ms": slo_ttft_ms, "itl_ms": slo_itl_ms}, "workload": workload,
-              "price": {"usd_per_hour": usd_per_hour, "source": price_source}}
+              "price": {"usd_per_hour": usd_per_hour, "source": price_source}, "warnings": warnings}
     if search:
         report = {"config": config, "search": run_search(options, deploy, slo, target_rate, common, usd_per_hour)}
         print(json.dumps(report, indent=2)) if as_json else print_search(console, report["search"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ridgeline.engine.llm_engine import EngineConfig, LLMEngine
 from ridgeline.engine.sampling_params import SamplingParams
 from ridgeline.engine.scheduler import SchedulerOutput
+from ridgeline.machine.busy import LoadMeter
 from ridgeline.model.model_source import shape_from_checkpoint
 from ridgeline.model.checkpoint import read_checkpoint
 from ridgeline.sim.calibrated import Profile
@@ -66,6 +67,8 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
     import torch
 
     engine = LLMEngine(config)
+    meter = LoadMeter()  # whether another job shared the cores while the steps were timed
+    meter.start()
     shape = shape_from_checkpoint(read_checkpoint(config.model))
     path = of_this_engine()
     timer = StepTimer(engine, TermsOf(shape, config.kv_cache.bytes_per_value, path))
@@ -103,4 +106,4 @@ def measure(config: EngineConfig, grid: Grid, seed: int = 0,
                 "block_size": config.kv_cache.block_size, "dtype": config.dtype, "lm_head": config.lm_head,
                 "engine_path": dataclasses.asdict(path)}
     stamp = current_stamp(engine.model_name, config.threads or torch.get_num_threads())
-    return Profile.fit(stamp, timer.rows, settings, tuple(timer.steps))
+    return Profile.fit(stamp, timer.rows, settings, tuple(timer.steps), load=meter.stop())

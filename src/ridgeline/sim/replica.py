@@ -9,6 +9,7 @@ engine thread applies its commands between steps, to the same effect). Disaggreg
 scheduler's own KV handoff: reserve_prefilled when the offer is taken, admit_prefilled once the pages landed.
 """
 
+import random
 from dataclasses import dataclass, field
 
 from ridgeline.engine.admission import Admission, AdmissionLimits
@@ -44,9 +45,11 @@ class ReplicaStats:
 
 class Replica:
     def __init__(self, name: str, config: SchedulerConfig, pool: KVPool, max_model_len: int, vocab_size: int,
-                 step_time: StepTimeModel, terms_of: TermsOf, log_steps: bool = False, role: str = "colocated"):
+                 step_time: StepTimeModel, terms_of: TermsOf, log_steps: bool = False, role: str = "colocated",
+                 seed: int = 0):
         self.name, self.role = name, role  # role: colocated, prefill or decode
         self.now = 0.0
+        self.rng = random.Random(f"{name}/{seed}")  # step-time jitter, seeded: a run repeats exactly
         # An ITL target prices candidate steps with the same model that times them here.
         self.scheduler = Scheduler(config, pool.num_pages, max_model_len, clock=lambda: self.now,
                                    windows=pool.windows, block_size=pool.block_size,
@@ -97,6 +100,9 @@ class Replica:
             return None
         terms = self.terms_of(plan)
         duration = self.step_time.seconds(terms)
+        spread = getattr(self.step_time, "spread", ())  # a calibrated model's measured jitter (sim/calibrated.py)
+        if spread:
+            duration *= spread[self.rng.randrange(len(spread))]
         self.plan = plan
         stats = self.stats
         stats.steps += 1

@@ -10,6 +10,8 @@ from ridgeline.napkin.hardware import THIS_MACHINE, catalogued
 from ridgeline.napkin.model_shape import ModelShape
 from ridgeline.model.model_source import load_model_shape
 from ridgeline.sim.calibrated import CalibratedStepTime, Profile
+from ridgeline.sim.engine_path import EnginePath
+from ridgeline.sim.step_time import TermsOf
 from ridgeline.sim.kv_pool import kv_pool
 from ridgeline.sim.link import Link
 from ridgeline.sim.roofline_time import RooflineStepTime
@@ -63,7 +65,8 @@ def calibrated_step_time(shape: ModelShape, options: SimOptions) -> CalibratedSt
     path = options.profile or profile_path(shape.name)
     profile = Profile.load(path)
     profile.stamp.check(current_stamp(shape.name, options.threads or torch.get_num_threads()), path)
-    return CalibratedStepTime(profile)
+    terms_of = TermsOf(shape, options.kv_bytes, EnginePath.from_settings(profile.settings))  # as its steps were counted
+    return CalibratedStepTime(profile, str(path), terms_of)
 
 
 def deployment(options: SimOptions) -> Deployment:

@@ -56,6 +56,7 @@ class Deployment:
     replicas: int = 1
     disaggregate: tuple[int, int] | None = None  # (prefill replicas, decode replicas)
     link: Link = Link()
+    jitter_seed: int = 0  # seeds each replica's draws of a calibrated model's measured step jitter
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -80,7 +81,7 @@ class Simulation:
 
         def make(name: str, config: SchedulerConfig, role: str) -> Replica:
             return Replica(name, config, deployment.pool, shape.max_context, shape.vocab_size, deployment.step_time,
-                           terms_of, log_steps, role)
+                           terms_of, log_steps, role, seed=deployment.jitter_seed)
 
         if deployment.disaggregate is None:
             self.entry = [make(f"r{i}", deployment.scheduler, "colocated") for i in range(deployment.replicas)]

@@ -31,6 +31,7 @@ class StepTerms:
     prompt_tiles: int = 0
     logit_tiles: int = 0
     span_attention_flops: float = 0.0  # attention FLOPs as the engine's path computes them (masked keys included)
+    prompt_attention_flops: float = 0.0  # the part of span_attention_flops that prompt chunks compute
 
     @property
     def flops(self) -> float:
@@ -69,7 +70,7 @@ class TermsOf:
         """(start, num_tokens, samples) per chunk: start tokens are already cached, num_tokens are computed."""
         shape, attended = self.shape, self.shape.attended_positions
         tokens = logit_rows = decode_rows = 0
-        decode_positions = cached_positions = span_positions = 0
+        decode_positions = cached_positions = span_positions = prompt_span_positions = 0
         prefill_attention = 0.0
         for start, num, samples in chunks:
             tokens += num
@@ -81,7 +82,10 @@ class TermsOf:
                 prefill_attention += shape.prefill_attention_flops(start + num) - shape.prefill_attention_flops(start)
             if start:
                 cached_positions += attended(start)
-            span_positions += num * self._key_span(start, num)
+            span = num * self._key_span(start, num)
+            span_positions += span
+            if num > 1:
+                prompt_span_positions += span
         attention = prefill_attention + decode_positions * self.flops_per_position
         path, prompt_rows = self.path, tokens - decode_rows
         head_rows = len(chunks) if path.logits_every_chunk else logit_rows
@@ -90,7 +94,9 @@ class TermsOf:
                          cached_positions * self.kv_bytes_per_position, tokens * self.kv_bytes_per_token,
                          prompt_rows, path.tiles(decode_rows, path.decode_tile),
                          path.tiles(prompt_rows, path.prompt_tile), path.tiles(head_rows, path.logit_tile),
-                         span_positions * self.flops_per_position if path.chunk_span_attention else attention)
+                         span_positions * self.flops_per_position if path.chunk_span_attention else attention,
+                         prompt_span_positions * self.flops_per_position if path.chunk_span_attention
+                         else prefill_attention)
 
     def _key_span(self, start: int, num: int) -> int:
         """Keys summed over layers that one masked call per chunk covers: from the first row's first attended
