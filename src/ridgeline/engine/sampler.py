@@ -3,7 +3,8 @@
 Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, the grammar's mask (-inf where
 it forbids, engine/structured/), then greedy argmax, or
 temperature -> top-k -> top-p -> min-p -> one inverse-CDF draw. Log-probabilities are of the raw
-model distribution (vLLM's default), not of the processed one.
+model distribution (vLLM's default), not of the processed one. A constrained row sampled with temperature alone
+draws first and masks only if the grammar refuses the draw (_sample_chunk): the same distribution, see there.
 
 Costs on a 262k vocabulary drive the design: drawing one noise value per vocabulary entry
 (Gumbel/exponential race) or fully sorting a row each cost milliseconds per row, and so does every
@@ -52,6 +53,9 @@ class GrammarMask(Protocol):
     def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
         """The first largest of `logits` among the allowed tokens; `best` is the unmasked row's argmax."""
 
+    def allows(self, token_id: int) -> bool:
+        """Whether the grammar allows `token_id` next (one bit read)."""
+
 
 @dataclass
 class SamplerOutput:
@@ -67,6 +71,10 @@ class Sampler:
         # Shared by unseeded rows; None seeds it from OS entropy.
         self._rng = random.Random(seed)
         self._buffer: torch.Tensor | None = None
+        # Constrained rows drawn before masking, and those of them the grammar refused (drawn again, masked): what
+        # the deferred mask saves depends on how rarely the second happens.
+        self.num_drawn_unmasked = 0
+        self.num_redrawn = 0
 
     def __call__(
         self,
@@ -123,20 +131,32 @@ class Sampler:
         grammars: "Sequence[GrammarMask | None] | None" = None,
     ) -> list[int]:
         """Token ids for `rows`, in that order. Sampled rows are copied to the front of the buffer
-        and greedy ones behind them, so each kind is one contiguous slice."""
+        and greedy ones behind them, so each kind is one contiguous slice.
+
+        A constrained row sampled with temperature alone is not masked before its draw. Let p be its distribution
+        after penalties, bias and temperature, and A the tokens its grammar allows; the constrained distribution is
+        p(x) / p(A) on A. Draw x from p with the row's uniform; if x is in A take it, else mask the row and draw
+        again from p restricted to A, with a second uniform from another stream (independent of the first). A token
+        x in A then comes with probability p(x) + (1 - p(A)) * p(x) / p(A) = p(x) / p(A): exactly the constrained
+        distribution, so nothing is biased, and a model that follows its grammar (nearly always, inside a JSON
+        string) never pays for masking its 262k-wide row. It needs the mask to act on p alone: top-k, top-p and
+        min-p choose their tokens from the masked row (vLLM's order), so rows with any of them are masked first,
+        as are greedy rows with penalties or a bias. (In float32 a token whose weight underflows to 0 in the
+        unmasked row, below about e^-100 of the most likely one, can only come from the second draw: off by a factor
+        1 - p(A), where its probability is negligible unless p(A) is too.)"""
         sampled = [i for i in rows if not params[i].is_greedy]
         order = sampled + [i for i in rows if params[i].is_greedy]
         work = self._workspace(len(order), raw.shape[-1], raw.device)
-        torch.index_select(raw, 0, _index(order, raw.device), out=work)
+        self._edited_rows(work, raw, order, params, prompt_token_ids, output_token_ids)
         ordered_params = [params[i] for i in order]
-        if any(p.has_penalties for p in ordered_params):
-            apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
-        if any(p.logit_bias for p in ordered_params):
-            apply_logit_bias(work, ordered_params)
+        deferred: list[int] = []  # positions in `order` of the constrained rows that draw before masking
         if grammars is not None:
             constrained = [position for position, row in enumerate(order) if grammars[row] is not None]
-            if constrained:
-                apply_grammar_masks(work, constrained, [grammars[order[position]].words() for position in constrained])
+            deferred = [position for position in constrained
+                        if position < len(sampled) and draws_before_mask(ordered_params[position], raw.shape[-1])]
+            masked_now = sorted(set(constrained) - set(deferred))
+            if masked_now:
+                apply_grammar_masks(work, masked_now, [grammars[order[position]].words() for position in masked_now])
 
         token_ids = torch.empty(len(order), dtype=torch.long, device=raw.device)
         if len(sampled) < len(order):
@@ -144,8 +164,39 @@ class Sampler:
         if sampled:
             uniforms = [self._uniform(params[i], len(output_token_ids[i])) for i in sampled]
             token_ids[: len(sampled)] = sample_from_logits(work[: len(sampled)], ordered_params[: len(sampled)], uniforms)
-        by_row = dict(zip(order, token_ids.tolist()))
+        chosen = token_ids.tolist()
+        refused = [position for position in deferred if not grammars[order[position]].allows(chosen[position])]
+        self.num_drawn_unmasked += len(deferred)
+        self.num_redrawn += len(refused)
+        if refused:
+            # The first draw's weights are spent: the buffer takes the refused rows again, masked this time.
+            again = [order[position] for position in refused]
+            work = self._workspace(len(again), raw.shape[-1], raw.device)
+            self._edited_rows(work, raw, again, params, prompt_token_ids, output_token_ids)
+            apply_grammar_masks(work, list(range(len(again))), [grammars[row].words() for row in again])
+            uniforms = [self._uniform(params[i], len(output_token_ids[i]), "grammar") for i in again]
+            redrawn = sample_from_logits(work, [params[i] for i in again], uniforms).tolist()
+            for position, token_id in zip(refused, redrawn):
+                chosen[position] = token_id
+        by_row = dict(zip(order, chosen))
         return [by_row[i] for i in rows]
+
+    def _edited_rows(
+        self,
+        work: torch.Tensor,
+        raw: torch.Tensor,
+        order: list[int],
+        params: Sequence[SamplingParams],
+        prompt_token_ids: Sequence[Sequence[int]],
+        output_token_ids: Sequence[Sequence[int]],
+    ) -> None:
+        """work[j] = raw[order[j]] with its row's penalties and logit bias."""
+        torch.index_select(raw, 0, _index(order, raw.device), out=work)
+        ordered_params = [params[i] for i in order]
+        if any(p.has_penalties for p in ordered_params):
+            apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
+        if any(p.logit_bias for p in ordered_params):
+            apply_logit_bias(work, ordered_params)
 
     def _workspace(self, rows: int, vocab: int, device: torch.device) -> torch.Tensor:
         if self._buffer is None or self._buffer.device != device or self._buffer.shape[1] != vocab:
@@ -189,6 +240,12 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
+
+
+def draws_before_mask(params: SamplingParams, vocab: int) -> bool:
+    """A sampled constrained row whose grammar mask can wait until its draw is refused (Sampler._sample_chunk):
+    temperature alone, no top-k, top-p or min-p, which would pick their tokens from the masked row."""
+    return not params.is_greedy and not 0 < params.top_k < vocab and params.top_p >= 1.0 and params.min_p <= 0.0
 
 
 def seeded_uniform(seed: int, step: int, stream: str = "") -> float:
