@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ridgeline.engine import sampler as sampler_module
-from ridgeline.engine.sampler import Sampler, apply_penalties, apply_top_k_top_p, prompt_logprobs, sample_from_logits
+from ridgeline.engine.sampler import (Sampler, apply_penalties, apply_top_k_top_p, draws_before_mask, prompt_logprobs,
+                                     sample_from_logits)
 from ridgeline.engine.sampling_params import SamplingParams
 
 
@@ -297,15 +298,21 @@ ALLOWED = [1, 3, 4, 7]  # a third of the mass at temperature 1: both the first d
     ids=["t=1", "t=2", "t=0.5", "logit_bias", "top_k=3", "top_p=0.7", "min_p=0.3"],
 )
 def test_constrained_draws_follow_the_masked_distribution(params, monkeypatch):
-    # Temperature-only rows draw unmasked and mask only on a refusal (Sampler._sample_chunk); the others mask first.
-    # Either way each token comes with the probability of the masked row's distribution: a chi-square over 20,000
-    # seeded rows, one seed each, so the second draw's stream is exercised independently of the first's.
+    # Temperature-only rows draw unmasked, again unmasked on a refusal, and mask only after UNMASKED_TRIES refusals
+    # (Sampler._sample_chunk); the others mask first. Either way each token comes with the probability of the masked
+    # row's distribution: a chi-square over 20,000 seeded rows, one seed each, so each try's stream is exercised
+    # independently of the others'.
     draws = 20_000
     monkeypatch.setattr(sampler_module, "ROW_CHUNK", draws)  # one chunk: the rows are 8 tokens wide
     logits = GRAMMAR_LOGITS.expand(draws, -1).contiguous()
     rows = [dataclasses.replace(params, seed=i) for i in range(draws)]
     masks = [PackedMask(ALLOWED, 8)] * draws
-    tokens = Sampler(seed=0)(logits, rows, [[]] * draws, [[]] * draws, masks).token_ids
+    sampler = Sampler(seed=0)
+    tokens = sampler(logits, rows, [[]] * draws, [[]] * draws, masks).token_ids
+    if draws_before_mask(params, 8):  # every path taken: the first draw, the further tries, the masked one
+        assert 0 < sampler.num_masked_redraws < sampler.num_redrawn < sampler.num_drawn_unmasked == draws
+    else:
+        assert sampler.num_drawn_unmasked == 0
     observed = torch.bincount(torch.tensor(tokens), minlength=8).double()
     biased = GRAMMAR_LOGITS.clone()
     for token, bias in params.logit_bias.items():

@@ -28,6 +28,10 @@ from ridgeline.engine.structured.matcher import apply_grammar_masks
 
 # Top-p first looks at this many candidates, then 8x more for rows they do not cover.
 TOP_P_CANDIDATES = 1024
+# Unmasked draws a constrained row sampled with temperature alone makes (searchsorted on its cumulative weights)
+# before its row is masked and drawn from (Sampler._sample_chunk). Where the grammar allows most of the mass each try
+# is likely to be taken; where it allows little, eight refusals are likely too and the masked draw follows.
+UNMASKED_TRIES = 8
 # Rows processed at once: bounds the reused buffer to ROW_CHUNK x vocab float32.
 ROW_CHUNK = 64
 # Rows of log-softmax computed at once for prompt logprobs ([L, vocab] float32 can be gigabytes).
@@ -75,6 +79,7 @@ class Sampler:
         # the deferred mask saves depends on how rarely the second happens.
         self.num_drawn_unmasked = 0
         self.num_redrawn = 0
+        self.num_masked_redraws = 0  # refused UNMASKED_TRIES times: drawn from the masked row
 
     def __call__(
         self,
@@ -139,7 +144,9 @@ class Sampler:
         again from p restricted to A, with a second uniform from another stream (independent of the first). A token
         x in A then comes with probability p(x) + (1 - p(A)) * p(x) / p(A) = p(x) / p(A): exactly the constrained
         distribution, so nothing is biased, and a model that follows its grammar (nearly always, inside a JSON
-        string) never pays for masking its 262k-wide row. It needs the mask to act on p alone: top-k, top-p and
+        string) never pays for masking its 262k-wide row. A refused row first tries again unmasked, up to
+        UNMASKED_TRIES draws in all, each with its own stream (the same sum, below), as the row's cumulative
+        weights are already there. It needs the mask to act on p alone: top-k, top-p and
         min-p choose their tokens from the masked row (vLLM's order), so rows with any of them are masked first,
         as are greedy rows with penalties or a bias. (In float32 a token whose weight underflows to 0 in the
         unmasked row, below about e^-100 of the most likely one, can only come from the second draw: off by a factor
@@ -169,7 +176,25 @@ class Sampler:
         self.num_drawn_unmasked += len(deferred)
         self.num_redrawn += len(refused)
         if refused:
-            # The first draw's weights are spent: the buffer takes the refused rows again, masked this time.
+            # More unmasked tries first, from the cumulative weights the first draw left in the buffer: a searchsorted
+            # each, not a 262k-wide pass. After k refusals and a masked draw, x in A still comes with probability
+            # p(x) * (1 + (1 - p(A)) + ... + (1 - p(A))^(k-1)) + (1 - p(A))^k * p(x) / p(A) = p(x) / p(A).
+            tries = torch.tensor([[self._uniform(params[order[position]], len(output_token_ids[order[position]]),
+                                                 f"grammar try {k}") for k in range(1, UNMASKED_TRIES)]
+                                  for position in refused], device=raw.device)
+            still = []
+            for i, position in enumerate(refused):
+                candidates = _search_cdf(work[position:position + 1], tries[i:i + 1])[0].tolist()
+                grammar = grammars[order[position]]
+                taken = next((token_id for token_id in candidates if grammar.allows(token_id)), None)
+                if taken is None:
+                    still.append(position)
+                else:
+                    chosen[position] = taken
+            refused = still
+        if refused:
+            # Refused every time: the buffer takes these rows again (it held their unmasked cumulative weights), masked.
+            self.num_masked_redraws += len(refused)
             again = [order[position] for position in refused]
             work = self._workspace(len(again), raw.shape[-1], raw.device)
             self._edited_rows(work, raw, again, params, prompt_token_ids, output_token_ids)
@@ -354,11 +379,17 @@ def apply_top_k_top_p(weights: torch.Tensor, top_k: list[int], top_p: list[float
 
 
 def _inverse_cdf_draw(weights: torch.Tensor, uniforms: Sequence[float]) -> torch.Tensor:
-    """The first token whose cumulative weight exceeds u times the row's total (weights overwritten)."""
+    """The first token whose cumulative weight exceeds u times the row's total (weights overwritten by their
+    cumulative sums, which _search_cdf can draw from again)."""
     cdf = weights.cumsum_(dim=-1)
+    return _search_cdf(cdf, torch.tensor(uniforms, device=weights.device)[:, None]).squeeze(1)
+
+
+def _search_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[R, K] tokens: for each of row r's K uniforms u[r, k], the first token whose cumulative weight in cdf[r]
+    exceeds u[r, k] times the row's total."""
     total = cdf[:, -1:]
-    u = torch.tensor(uniforms, device=weights.device)
-    chosen = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp_(max=weights.shape[-1] - 1)
+    chosen = torch.searchsorted(cdf, u * total, right=True).clamp_(max=cdf.shape[-1] - 1)
     below = torch.where(chosen > 0, cdf.gather(1, (chosen - 1).clamp_(min=0)), torch.zeros_like(total))
     zero_weight = cdf.gather(1, chosen) <= below
     if zero_weight.any():
@@ -367,7 +398,7 @@ def _inverse_cdf_draw(weights: torch.Tensor, uniforms: Sequence[float]) -> torch
         # the first whose cumulative weight reaches the total.
         last_positive = (cdf < total).sum(dim=-1, keepdim=True)
         chosen = torch.where(zero_weight, last_positive, chosen)
-    return chosen.squeeze(1)
+    return chosen
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[TokenLogprobs]:
