@@ -152,8 +152,10 @@ def decode_times(llm: LLM, repetitions: int, max_tokens: int, temperatures: list
                 "constrained_tok_s": round(statistics.median(rates[True]), 1),
                 "ratio": round(statistics.median(rates[True]) / statistics.median(rates[False]), 3),
                 "ratios_per_repetition": [round(c / u, 3) for u, c in zip(rates[False], rates[True])],
-                "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / rows * 1000, 3),
-                "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (rows / batch) * 1000, 3)}
+                # Rows sampled with temperature alone get no mask on the worker (engine/sampler.py): rows may be 0.
+                "masks_on_worker": rows,
+                "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / max(rows, 1) * 1000, 3),
+                "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (max(rows, 1) / batch) * 1000, 3)}
     return result
 
 
