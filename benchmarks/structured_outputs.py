@@ -200,6 +200,7 @@ def step_profile(llm: LLM, repetitions: int, max_tokens: int, batch: int = 16, t
         totals = {False: dict.fromkeys([*parts, "step", "steps"], 0.0), True: dict.fromkeys([*parts, "step", "steps"], 0.0)}
         mask_seconds, num_masks = masks.mask_seconds, masks.num_masks
         drawn, redrawn = getattr(sampler, "num_drawn_unmasked", 0), getattr(sampler, "num_redrawn", 0)  # older trees: 0
+        masked_redraws = getattr(sampler, "num_masked_redraws", 0)
         for _ in range(repetitions):
             for constrained in (False, True):
                 for key in parts:
@@ -220,6 +221,7 @@ def step_profile(llm: LLM, repetitions: int, max_tokens: int, batch: int = 16, t
                                                   max(1, (masks.num_masks - num_masks) / batch), 3)
         drawn = getattr(sampler, "num_drawn_unmasked", 0) - drawn
         result["constrained_draws_refused"] = f"{getattr(sampler, 'num_redrawn', 0) - redrawn} of {drawn}"
+        result["refused_eight_times_drawn_masked"] = getattr(sampler, "num_masked_redraws", 0) - masked_redraws
     finally:
         for owner, name, held in wrapped:
             if held is None:
