@@ -14,6 +14,10 @@ In one process under /tmp/ridgeline-cpu.lock:
                 a JSON schema whose answer is one long
                 string (it runs to max_tokens, as the unconstrained run with ignore_eos does), the two interleaved
                 within each repetition, medians; decode tok/s = tokens after the first over first-to-last token time
+  profile       where a decode step's time goes at batch 16, temperature 1, constrained against unconstrained (the
+                two interleaved): per step, the forward pass, the sampler, the grammars taking their tokens, the wait
+                for the masks, the rest; the mask worker's time; how many constrained draws the grammar refused
+                (drawn again from the masked row, engine/sampler.py)
   ttft          wall time of a 1-token request: unconstrained, a cold grammar (a schema never seen), a cached one
   validity      the whole corpus (tests/structured_schemas.py), greedy and sampled at temperature 1, with and without
                 the default bounds (json_schemas/bounds.py) and the closing near max_tokens (matcher.py):
@@ -148,9 +152,83 @@ def decode_times(llm: LLM, repetitions: int, max_tokens: int, temperatures: list
                 "constrained_tok_s": round(statistics.median(rates[True]), 1),
                 "ratio": round(statistics.median(rates[True]) / statistics.median(rates[False]), 3),
                 "ratios_per_repetition": [round(c / u, 3) for u, c in zip(rates[False], rates[True])],
-                "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / rows * 1000, 3),
-                "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (rows / batch) * 1000, 3)}
+                # Rows sampled with temperature alone get no mask on the worker (engine/sampler.py): rows may be 0.
+                "masks_on_worker": rows,
+                "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / max(rows, 1) * 1000, 3),
+                "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (max(rows, 1) / batch) * 1000, 3)}
     return result
+
+
+def step_profile(llm: LLM, repetitions: int, max_tokens: int, batch: int = 16, temperature: float = 1.0) -> dict:
+    engine = llm.engine
+    parts = {"forward": 0.0, "sampler": 0.0, "grammar_advance": 0.0, "mask_wait": 0.0}
+    masks, sampler = engine.masks, engine.sampler
+    wrapped = []  # (owner, name, what the instance held under that name, or None where it was the class's method)
+
+    def timed(owner, name: str, part: str) -> None:
+        inner = getattr(owner, name)
+        wrapped.append((owner, name, vars(owner).get(name)))
+
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                parts[part] += time.perf_counter() - started
+        setattr(owner, name, wrapper)
+
+    step = engine.step
+    steps = {"n": 0, "seconds": 0.0}
+
+    def counted_step():
+        started = time.perf_counter()
+        try:
+            return step()
+        finally:
+            steps["n"] += 1
+            steps["seconds"] += time.perf_counter() - started
+    wrapped.append((engine, "step", None))
+    engine.step = counted_step
+    timed(engine.runner, "forward", "forward")
+    timed(engine, "sampler", "sampler")
+    timed(engine, "_advance_grammars", "grammar_advance")
+    timed(engine.masks, "wait", "mask_wait")
+    result = {}
+    try:
+        decode_rate(llm, batch, True, 8, temperature)  # warm-up
+        decode_rate(llm, batch, False, 8, temperature)
+        totals = {False: dict.fromkeys([*parts, "step", "steps"], 0.0), True: dict.fromkeys([*parts, "step", "steps"], 0.0)}
+        mask_seconds, num_masks = masks.mask_seconds, masks.num_masks
+        drawn, redrawn = getattr(sampler, "num_drawn_unmasked", 0), getattr(sampler, "num_redrawn", 0)  # older trees: 0
+        masked_redraws = getattr(sampler, "num_masked_redraws", 0)
+        for _ in range(repetitions):
+            for constrained in (False, True):
+                for key in parts:
+                    parts[key] = 0.0
+                steps["n"], steps["seconds"] = 0, 0.0
+                decode_rate(llm, batch, constrained, max_tokens, temperature)
+                for key in parts:
+                    totals[constrained][key] += parts[key]
+                totals[constrained]["step"] += steps["seconds"]
+                totals[constrained]["steps"] += steps["n"]
+        for constrained, total in totals.items():
+            n = total["steps"]
+            row = {f"{key}_ms": round(total[key] / n * 1000, 3) for key in (*parts, "step")}
+            row["other_ms"] = round((total["step"] - sum(total[key] for key in parts)) / n * 1000, 3)
+            row["steps"] = int(n)
+            result["constrained" if constrained else "unconstrained"] = row
+        result["mask_worker_ms_per_step"] = round((masks.mask_seconds - mask_seconds) * 1000 /
+                                                  max(1, (masks.num_masks - num_masks) / batch), 3)
+        drawn = getattr(sampler, "num_drawn_unmasked", 0) - drawn
+        result["constrained_draws_refused"] = f"{getattr(sampler, 'num_redrawn', 0) - redrawn} of {drawn}"
+        result["refused_eight_times_drawn_masked"] = getattr(sampler, "num_masked_redraws", 0) - masked_redraws
+    finally:
+        for owner, name, held in wrapped:
+            if held is None:
+                delattr(owner, name)  # the instance's wrapper goes: the class's method again
+            else:
+                setattr(owner, name, held)
+    return {f"batch_{batch}_temperature_{temperature:g}": result}
 
 
 def ttft_times(llm: LLM, repetitions: int) -> dict:
@@ -198,7 +276,7 @@ def main() -> None:
     parser.add_argument("--skip-validity", action="store_true")
     parser.add_argument("--temperatures", default="0,1", help="temperatures of the decode tok/s runs")
     parser.add_argument("--only", help="comma-separated sections to run (vocabulary always): "
-                                       "compile,mask,decode,ttft,validity")
+                                       "compile,mask,decode,ttft,profile,validity")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--lock-held", action="store_true",
                         help="the caller holds /tmp/ridgeline-cpu.lock already (a before/after driver running this "
@@ -218,7 +296,8 @@ def main() -> None:
         temperatures = [float(t) for t in args.temperatures.split(",")]
         for name, measure in (("compile", lambda: compile_times(llm, args.repetitions)), ("mask", lambda: mask_times(llm)),
                               ("decode", lambda: decode_times(llm, args.repetitions, args.max_tokens, temperatures)),
-                              ("ttft", lambda: ttft_times(llm, args.repetitions))):
+                              ("ttft", lambda: ttft_times(llm, args.repetitions)),
+                              ("profile", lambda: step_profile(llm, args.repetitions, args.max_tokens))):
             if only is None or name in only:
                 report[name] = measure()
                 print(json.dumps({name: report[name]}), flush=True)

@@ -1,13 +1,16 @@
 """Batched sampler: greedy is argmax, filters keep the right tokens, penalties change logits as
 specified, seeded rows are reproducible whatever the batch, and draws follow the distribution."""
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from ridgeline.engine import sampler as sampler_module
-from ridgeline.engine.sampler import Sampler, apply_penalties, apply_top_k_top_p, prompt_logprobs, sample_from_logits
+from ridgeline.engine.sampler import (Sampler, apply_penalties, apply_top_k_top_p, draws_before_mask, prompt_logprobs,
+                                     sample_from_logits)
 from ridgeline.engine.sampling_params import SamplingParams
 
 
@@ -254,3 +257,85 @@ def test_prompt_logprobs_score_each_next_prompt_token(monkeypatch):
 def test_a_row_count_mismatch_is_a_caller_bug_not_garbage():
     with pytest.raises(ValueError):
         sample(random_logits(3, 10, seed=7), [SamplingParams()], prompts=[[]], outputs=[[]])
+
+
+class PackedMask:
+    """A grammar's mask over a small vocabulary as the sampler reads it (engine/structured/matcher.py's
+    GrammarMatcher): llguidance's packed words, one bit read, and how often the whole mask was asked for."""
+
+    def __init__(self, allowed: list[int], vocab: int):
+        self.allowed, self.words_read = set(allowed), 0
+        bits = np.zeros((vocab + 31) // 32 * 32, dtype=np.uint8)
+        bits[allowed] = 1
+        self._words = np.packbits(bits, bitorder="little").view(np.int32)
+
+    def words(self) -> np.ndarray:
+        self.words_read += 1
+        return self._words
+
+    def allows(self, token_id: int) -> bool:
+        return token_id in self.allowed
+
+    def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
+        return max(sorted(self.allowed), key=lambda t: float(logits[t]))
+
+
+GRAMMAR_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2])
+ALLOWED = [1, 3, 4, 7]  # a third of the mass at temperature 1: both the first draw and the masked one are common
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=2.0),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=1.0, logit_bias={3: 2.0, 0: 1.0}),
+        SamplingParams(temperature=1.0, top_k=3),
+        SamplingParams(temperature=1.0, top_p=0.7),
+        SamplingParams(temperature=1.0, min_p=0.3),
+    ],
+    ids=["t=1", "t=2", "t=0.5", "logit_bias", "top_k=3", "top_p=0.7", "min_p=0.3"],
+)
+def test_constrained_draws_follow_the_masked_distribution(params, monkeypatch):
+    # Temperature-only rows draw unmasked, again unmasked on a refusal, and mask only after UNMASKED_TRIES refusals
+    # (Sampler._sample_chunk); the others mask first. Either way each token comes with the probability of the masked
+    # row's distribution: a chi-square over 20,000 seeded rows, one seed each, so each try's stream is exercised
+    # independently of the others'.
+    draws = 20_000
+    monkeypatch.setattr(sampler_module, "ROW_CHUNK", draws)  # one chunk: the rows are 8 tokens wide
+    logits = GRAMMAR_LOGITS.expand(draws, -1).contiguous()
+    rows = [dataclasses.replace(params, seed=i) for i in range(draws)]
+    masks = [PackedMask(ALLOWED, 8)] * draws
+    sampler = Sampler(seed=0)
+    tokens = sampler(logits, rows, [[]] * draws, [[]] * draws, masks).token_ids
+    if draws_before_mask(params, 8):  # every path taken: the first draw, the further tries, the masked one
+        assert 0 < sampler.num_masked_redraws < sampler.num_redrawn < sampler.num_drawn_unmasked == draws
+    else:
+        assert sampler.num_drawn_unmasked == 0
+    observed = torch.bincount(torch.tensor(tokens), minlength=8).double()
+    biased = GRAMMAR_LOGITS.clone()
+    for token, bias in params.logit_bias.items():
+        biased[token] += bias
+    forbidden = torch.full((8,), float("-inf"))
+    forbidden[ALLOWED] = 0.0
+    expected = reference_distribution(biased + forbidden, params) * draws
+    assert observed[expected == 0].sum() == 0, "a token the grammar or a filter forbids was sampled"
+    support = expected > 0
+    chi_square = float(((observed[support] - expected[support]) ** 2 / expected[support]).sum())
+    assert chi_square < 16.3  # the 0.1% tail of chi-square with 3 degrees of freedom (4 allowed tokens)
+
+
+def test_a_sampled_row_reads_its_whole_mask_only_when_the_grammar_refuses_its_draw():
+    vocab = 64
+    logits = random_logits(3, vocab, seed=11)
+    likely = logits[0].argsort(descending=True)[:60].tolist()  # nearly all the mass: the first draw is taken
+    unlikely = logits[1].argsort()[:2].tolist()  # nearly none: the draw is refused, the masked row drawn from
+    masks = [PackedMask(likely, vocab), PackedMask(unlikely, vocab), PackedMask(likely, vocab)]
+    params = [SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=1.0, seed=5),
+              SamplingParams(temperature=1.0, top_p=0.9, seed=5)]  # top-p picks from the masked row: masked first
+    tokens = Sampler(seed=0)(logits, params, [[]] * 3, [[]] * 3, masks).token_ids
+    assert [mask.words_read for mask in masks] == [0, 1, 1]
+    assert tokens[0] in likely and tokens[1] in unlikely and tokens[2] in likely
+    # The token taken at once is the one an unconstrained row with the same seed draws.
+    assert tokens[0] == Sampler(seed=0)(logits[:1], params[:1], [[]], [[]]).token_ids[0]

@@ -292,3 +292,30 @@ def test_masking_rows_that_allow_few_most_or_some_tokens_is_adding_their_bias():
             allowed = np.unpackbits(packed.view(np.uint8), bitorder="little")[:vocab]
             expected[row] += torch.from_numpy(np.where(allowed, np.float32(0), np.float32(-np.inf)))
         assert torch.equal(masked, expected)
+
+
+def test_a_token_checked_before_its_mask_is_computed_gets_the_masks_answer(llm):
+    # A row sampled with temperature alone asks the grammar about its draw's one token before any mask exists
+    # (llguidance's validate_tokens, matcher.allows); the answer must be the mask's bit, allowed tokens and forbidden
+    # ones, end token included, at positions of every kind of constraint.
+    import numpy as np
+
+    vocab, rng = llm.engine.model_config.vocab_size, np.random.default_rng(2)
+    constraints = [Structured(json=case("invoice").schema), Structured(regex=REGEX), Structured(choice=CHOICES),
+                   Structured(grammar=LARK), Structured(json={"type": "object"})]
+    checked = allowed = 0
+    for constraint, text in zip(constraints, ["{", "ab", "re", "(1", '{"a": "b']):
+        unmasked, masked = (llm.engine.grammars.compile(constraint).matcher() for _ in range(2))
+        for step in range(12):
+            if step == 0:
+                assert unmasked.consume(llm.tokenizer.encode(text, add_bos=False))
+                assert masked.consume(llm.tokenizer.encode(text, add_bos=False))
+            bits = np.unpackbits(masked.words().view(np.uint8), bitorder="little")[:vocab]
+            tokens = [*rng.integers(vocab, size=16).tolist(), *np.flatnonzero(bits)[:8].tolist(), *llm.tokenizer.eos_ids]
+            for token in tokens:
+                assert unmasked.needs_mask and unmasked.allows(token) == bool(bits[token]), (constraint.kind, step, token)
+            checked, allowed = checked + len(tokens), allowed + int(bits[tokens].sum())
+            taken = int(np.flatnonzero(bits)[rng.integers(bits.sum())])
+            if not (unmasked.consume([taken]) and masked.consume([taken])) or masked.is_terminated:
+                break
+    assert 0 < allowed < checked

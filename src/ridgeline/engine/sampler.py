@@ -3,7 +3,8 @@
 Order per row (vLLM's): repetition, frequency and presence penalties, logit bias, the grammar's mask (-inf where
 it forbids, engine/structured/), then greedy argmax, or
 temperature -> top-k -> top-p -> min-p -> one inverse-CDF draw. Log-probabilities are of the raw
-model distribution (vLLM's default), not of the processed one.
+model distribution (vLLM's default), not of the processed one. A constrained row sampled with temperature alone
+draws first and masks only if the grammar refuses the draw (_sample_chunk): the same distribution, see there.
 
 Costs on a 262k vocabulary drive the design: drawing one noise value per vocabulary entry
 (Gumbel/exponential race) or fully sorting a row each cost milliseconds per row, and so does every
@@ -27,6 +28,10 @@ from ridgeline.engine.structured.matcher import apply_grammar_masks
 
 # Top-p first looks at this many candidates, then 8x more for rows they do not cover.
 TOP_P_CANDIDATES = 1024
+# Unmasked draws a constrained row sampled with temperature alone makes (searchsorted on its cumulative weights)
+# before its row is masked and drawn from (Sampler._sample_chunk). Where the grammar allows most of the mass each try
+# is likely to be taken; where it allows little, eight refusals are likely too and the masked draw follows.
+UNMASKED_TRIES = 8
 # Rows processed at once: bounds the reused buffer to ROW_CHUNK x vocab float32.
 ROW_CHUNK = 64
 # Rows of log-softmax computed at once for prompt logprobs ([L, vocab] float32 can be gigabytes).
@@ -52,6 +57,9 @@ class GrammarMask(Protocol):
     def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
         """The first largest of `logits` among the allowed tokens; `best` is the unmasked row's argmax."""
 
+    def allows(self, token_id: int) -> bool:
+        """Whether the grammar allows `token_id` next (one bit read)."""
+
 
 @dataclass
 class SamplerOutput:
@@ -67,6 +75,11 @@ class Sampler:
         # Shared by unseeded rows; None seeds it from OS entropy.
         self._rng = random.Random(seed)
         self._buffer: torch.Tensor | None = None
+        # Constrained rows drawn before masking, and those of them the grammar refused (drawn again, masked): what
+        # the deferred mask saves depends on how rarely the second happens.
+        self.num_drawn_unmasked = 0
+        self.num_redrawn = 0
+        self.num_masked_redraws = 0  # refused UNMASKED_TRIES times: drawn from the masked row
 
     def __call__(
         self,
@@ -123,20 +136,34 @@ class Sampler:
         grammars: "Sequence[GrammarMask | None] | None" = None,
     ) -> list[int]:
         """Token ids for `rows`, in that order. Sampled rows are copied to the front of the buffer
-        and greedy ones behind them, so each kind is one contiguous slice."""
+        and greedy ones behind them, so each kind is one contiguous slice.
+
+        A constrained row sampled with temperature alone is not masked before its draw. Let p be its distribution
+        after penalties, bias and temperature, and A the tokens its grammar allows; the constrained distribution is
+        p(x) / p(A) on A. Draw x from p with the row's uniform; if x is in A take it, else mask the row and draw
+        again from p restricted to A, with a second uniform from another stream (independent of the first). A token
+        x in A then comes with probability p(x) + (1 - p(A)) * p(x) / p(A) = p(x) / p(A): exactly the constrained
+        distribution, so nothing is biased, and a model that follows its grammar (nearly always, inside a JSON
+        string) never pays for masking its 262k-wide row. A refused row first tries again unmasked, up to
+        UNMASKED_TRIES draws in all, each with its own stream (the same sum, below), as the row's cumulative
+        weights are already there. It needs the mask to act on p alone: top-k, top-p and
+        min-p choose their tokens from the masked row (vLLM's order), so rows with any of them are masked first,
+        as are greedy rows with penalties or a bias. (In float32 a token whose weight underflows to 0 in the
+        unmasked row, below about e^-100 of the most likely one, can only come from the second draw: off by a factor
+        1 - p(A), where its probability is negligible unless p(A) is too.)"""
         sampled = [i for i in rows if not params[i].is_greedy]
         order = sampled + [i for i in rows if params[i].is_greedy]
         work = self._workspace(len(order), raw.shape[-1], raw.device)
-        torch.index_select(raw, 0, _index(order, raw.device), out=work)
+        self._edited_rows(work, raw, order, params, prompt_token_ids, output_token_ids)
         ordered_params = [params[i] for i in order]
-        if any(p.has_penalties for p in ordered_params):
-            apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
-        if any(p.logit_bias for p in ordered_params):
-            apply_logit_bias(work, ordered_params)
+        deferred: list[int] = []  # positions in `order` of the constrained rows that draw before masking
         if grammars is not None:
             constrained = [position for position, row in enumerate(order) if grammars[row] is not None]
-            if constrained:
-                apply_grammar_masks(work, constrained, [grammars[order[position]].words() for position in constrained])
+            deferred = [position for position in constrained
+                        if position < len(sampled) and draws_before_mask(ordered_params[position], raw.shape[-1])]
+            masked_now = sorted(set(constrained) - set(deferred))
+            if masked_now:
+                apply_grammar_masks(work, masked_now, [grammars[order[position]].words() for position in masked_now])
 
         token_ids = torch.empty(len(order), dtype=torch.long, device=raw.device)
         if len(sampled) < len(order):
@@ -144,8 +171,57 @@ class Sampler:
         if sampled:
             uniforms = [self._uniform(params[i], len(output_token_ids[i])) for i in sampled]
             token_ids[: len(sampled)] = sample_from_logits(work[: len(sampled)], ordered_params[: len(sampled)], uniforms)
-        by_row = dict(zip(order, token_ids.tolist()))
+        chosen = token_ids.tolist()
+        refused = [position for position in deferred if not grammars[order[position]].allows(chosen[position])]
+        self.num_drawn_unmasked += len(deferred)
+        self.num_redrawn += len(refused)
+        if refused:
+            # More unmasked tries first, from the cumulative weights the first draw left in the buffer: a searchsorted
+            # each, not a 262k-wide pass. After k refusals and a masked draw, x in A still comes with probability
+            # p(x) * (1 + (1 - p(A)) + ... + (1 - p(A))^(k-1)) + (1 - p(A))^k * p(x) / p(A) = p(x) / p(A).
+            tries = torch.tensor([[self._uniform(params[order[position]], len(output_token_ids[order[position]]),
+                                                 f"grammar try {k}") for k in range(1, UNMASKED_TRIES)]
+                                  for position in refused], device=raw.device)
+            still = []
+            for i, position in enumerate(refused):
+                candidates = _search_cdf(work[position:position + 1], tries[i:i + 1])[0].tolist()
+                grammar = grammars[order[position]]
+                taken = next((token_id for token_id in candidates if grammar.allows(token_id)), None)
+                if taken is None:
+                    still.append(position)
+                else:
+                    chosen[position] = taken
+            refused = still
+        if refused:
+            # Refused every time: the buffer takes these rows again (it held their unmasked cumulative weights), masked.
+            self.num_masked_redraws += len(refused)
+            again = [order[position] for position in refused]
+            work = self._workspace(len(again), raw.shape[-1], raw.device)
+            self._edited_rows(work, raw, again, params, prompt_token_ids, output_token_ids)
+            apply_grammar_masks(work, list(range(len(again))), [grammars[row].words() for row in again])
+            uniforms = [self._uniform(params[i], len(output_token_ids[i]), "grammar") for i in again]
+            redrawn = sample_from_logits(work, [params[i] for i in again], uniforms).tolist()
+            for position, token_id in zip(refused, redrawn):
+                chosen[position] = token_id
+        by_row = dict(zip(order, chosen))
         return [by_row[i] for i in rows]
+
+    def _edited_rows(
+        self,
+        work: torch.Tensor,
+        raw: torch.Tensor,
+        order: list[int],
+        params: Sequence[SamplingParams],
+        prompt_token_ids: Sequence[Sequence[int]],
+        output_token_ids: Sequence[Sequence[int]],
+    ) -> None:
+        """work[j] = raw[order[j]] with its row's penalties and logit bias."""
+        torch.index_select(raw, 0, _index(order, raw.device), out=work)
+        ordered_params = [params[i] for i in order]
+        if any(p.has_penalties for p in ordered_params):
+            apply_penalties(work, ordered_params, [prompt_token_ids[i] for i in order], [output_token_ids[i] for i in order])
+        if any(p.logit_bias for p in ordered_params):
+            apply_logit_bias(work, ordered_params)
 
     def _workspace(self, rows: int, vocab: int, device: torch.device) -> torch.Tensor:
         if self._buffer is None or self._buffer.device != device or self._buffer.shape[1] != vocab:
@@ -189,6 +265,12 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
+
+
+def draws_before_mask(params: SamplingParams, vocab: int) -> bool:
+    """A sampled constrained row whose grammar mask can wait until its draw is refused (Sampler._sample_chunk):
+    temperature alone, no top-k, top-p or min-p, which would pick their tokens from the masked row."""
+    return not params.is_greedy and not 0 < params.top_k < vocab and params.top_p >= 1.0 and params.min_p <= 0.0
 
 
 def seeded_uniform(seed: int, step: int, stream: str = "") -> float:
@@ -297,11 +379,17 @@ def apply_top_k_top_p(weights: torch.Tensor, top_k: list[int], top_p: list[float
 
 
 def _inverse_cdf_draw(weights: torch.Tensor, uniforms: Sequence[float]) -> torch.Tensor:
-    """The first token whose cumulative weight exceeds u times the row's total (weights overwritten)."""
+    """The first token whose cumulative weight exceeds u times the row's total (weights overwritten by their
+    cumulative sums, which _search_cdf can draw from again)."""
     cdf = weights.cumsum_(dim=-1)
+    return _search_cdf(cdf, torch.tensor(uniforms, device=weights.device)[:, None]).squeeze(1)
+
+
+def _search_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[R, K] tokens: for each of row r's K uniforms u[r, k], the first token whose cumulative weight in cdf[r]
+    exceeds u[r, k] times the row's total."""
     total = cdf[:, -1:]
-    u = torch.tensor(uniforms, device=weights.device)
-    chosen = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp_(max=weights.shape[-1] - 1)
+    chosen = torch.searchsorted(cdf, u * total, right=True).clamp_(max=cdf.shape[-1] - 1)
     below = torch.where(chosen > 0, cdf.gather(1, (chosen - 1).clamp_(min=0)), torch.zeros_like(total))
     zero_weight = cdf.gather(1, chosen) <= below
     if zero_weight.any():
@@ -310,7 +398,7 @@ def _inverse_cdf_draw(weights: torch.Tensor, uniforms: Sequence[float]) -> torch
         # the first whose cumulative weight reaches the total.
         last_positive = (cdf < total).sum(dim=-1, keepdim=True)
         chosen = torch.where(zero_weight, last_positive, chosen)
-    return chosen.squeeze(1)
+    return chosen
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[TokenLogprobs]:

@@ -103,7 +103,9 @@ class ServerMetrics:
         self.grammar_cache_hits = gauge("ridgeline_grammar_cache_hits", "Constraints found compiled in the cache so far.")
         self.grammars_refused = gauge("ridgeline_grammar_refused", "Constraints refused (400) by the grammar engine so far.")
         self.grammar_compile_seconds = gauge("ridgeline_grammar_compile_seconds", "Total time spent compiling grammars.")
-        self.grammar_masks = gauge("ridgeline_grammar_masks", "Token masks computed so far (one per constrained row per step).")
+        self.grammar_masks = gauge("ridgeline_grammar_masks",
+                                   "Token masks computed on the mask worker so far (one per constrained row per step, "
+                                   "but not for rows sampled with temperature alone: they check their drawn token).")
         self.grammar_mask_seconds = gauge("ridgeline_grammar_mask_seconds", "Total time computing masks (beside the forward pass).")
         self.grammar_mask_wait_seconds = gauge("ridgeline_grammar_mask_wait_seconds",
                                                "Total time steps waited for masks after their forward pass.")

@@ -64,8 +64,13 @@ class GrammarMatcher:
             self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # drops the GIL
             self._computed()
 
+    @property
+    def closing(self) -> bool:
+        """The answer is near max_tokens: this position's mask is narrowed to the closing tokens."""
+        return self.close_at is not None and self.num_consumed >= self.close_at
+
     def _computed(self) -> None:
-        if self.close_at is not None and self.num_consumed >= self.close_at:
+        if self.closing:
             self._close()
         self._bits = self._few = None
         self._at = self.num_consumed
@@ -112,7 +117,11 @@ class GrammarMatcher:
                 return
 
     def allows(self, token_id: int) -> bool:
-        self.compute()
+        """One bit of the mask where it is computed, or must be (closing narrows it); else llguidance's check of
+        that one token, ~2 us against ~30 us for a whole mask over 262k tokens (a row sampled with temperature alone
+        asks this first, and needs its mask only if the answer is no: engine/sampler.py)."""
+        if self.needs_mask and not self.closing:
+            return self._matcher.validate_tokens([token_id]) == 1
         return bool((int(self._words[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def consume(self, token_ids: list[int]) -> bool:
