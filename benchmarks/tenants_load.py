@@ -248,6 +248,9 @@ async def run(url: str, args) -> dict:
         metrics = (await client.get("/metrics")).text
         recorded = (await client.get("/v1/steps", params={"since": alone_started},
                                      headers=headers(KEYS["interactive"]))).json()["data"]
+    if args.steps_out:  # the raw step records, for a closer look than the summary below (large: not kept here)
+        Path(args.steps_out).write_text(json.dumps({"alone_started": alone_started, "start": start, "steps": recorded,
+                                                    "itl_spans": mixed.itl_spans, "ttft_spans": mixed.ttft_spans}))
     steps = [step for step in recorded if step["timestamp"] >= start]
     steps_alone = [step for step in recorded if step["timestamp"] < start - 1]
     window = [(t, status, tokens) for t, status, tokens in over.events if start <= t < start + 60]
@@ -311,6 +314,7 @@ def main() -> None:
                              "alternating from round to round")
     parser.add_argument("--serve-args", default="", help="more `serve` options for both servers, e.g. "
                         "'--engine-core process'")
+    parser.add_argument("--steps-out", default=None, help="write the tenanted run's raw step records here (JSON)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
