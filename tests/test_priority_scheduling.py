@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ridgeline.engine.sampling_params import SamplingParams
-from ridgeline.engine.scheduler import Scheduler
+from ridgeline.engine.scheduler import ItlTarget, Scheduler, SchedulerConfig
 from ridgeline.engine.sequence import Sequence, SequenceStatus
 from ridgeline.errors import InvalidParameterError
 from server_helpers import serve_tiny_model, tiny_engine
-from test_scheduler import PagedFakeModel, assert_all_correct, make_scheduler, make_seq, step
+from test_scheduler import EOS, MAX_MODEL_LEN, PagedFakeModel, assert_all_correct, linear_cost, make_scheduler, make_seq, step
 
 # (arrival step, prompt length, max_tokens, priority)
 REQUEST = st.tuples(st.integers(0, 12), st.integers(1, 40), st.integers(1, 10), st.integers(-2, 2))
@@ -84,10 +84,17 @@ def test_equal_priorities_are_first_come_first_served_and_all_finish(requests, p
     assert steps_given == steps_default
 
 
+# With an ITL target the background rule applies too: a fixed target (20 ms: 10 ms a step, 2 ms a decode row, 1 ms
+# a prompt token) or the default multiple of the decode step; no memory of earlier steps (priority_hold_s=0), so the
+# most urgent priority of a step is that of the requests there before it.
+TARGETS = st.sampled_from([None, ItlTarget(seconds=0.020), ItlTarget()])
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(requests=st.lists(REQUEST, min_size=1, max_size=14), **SETUP)
-def test_mixed_priorities_admit_by_priority_and_preempt_the_lowest(requests, **setup) -> None:
-    scheduler = make_scheduler(**setup)
+@given(requests=st.lists(REQUEST, min_size=1, max_size=14), target=TARGETS, **SETUP)
+def test_mixed_priorities_admit_by_priority_and_preempt_the_lowest(requests, target, **setup) -> None:
+    cost = linear_cost()
+    scheduler = make_scheduler(**setup, itl_target=target, step_cost=cost if target else None, priority_hold_s=0)
 
     def check(before, output, after):
         waiting_before, running_before = before
@@ -107,6 +114,16 @@ def test_mixed_priorities_admit_by_priority_and_preempt_the_lowest(requests, **s
                         and c.seq.priority > urgent[0].priority
                         and not (setup["enable_prefix_caching"] and any(
                             c.seq.token_ids[:bs] == w.token_ids[:bs] for w in urgent))]
+        if target is not None and target.seconds is not None and output.chunks:
+            # Prompt tokens of a lower priority than the most urgent request there take what keeps the step within
+            # the target, or one token (the background always advances). Priced as the scheduler prices a step's
+            # prefill: as one chunk (several short ones would each pay a decode row's price here).
+            urgent = min(seq.priority for seq in waiting_before + running_before)
+            background = [c for c in output.chunks if c.seq.priority > urgent
+                          and not (c.seq in running_before and c.num_tokens == 1 and c.samples)]
+            tokens = sum(c.num_tokens for c in background)
+            rest = [c.step_chunk for c in output.chunks if c not in background]
+            assert tokens <= 1 or cost(rest + [(0, tokens, True)]) <= target.seconds + 1e-9
         for victim in output.preempted:
             # The victim had the lowest priority of all that keep running ...
             assert all(seq.priority <= victim.priority for seq in running_after)
@@ -138,6 +155,45 @@ def test_an_urgent_prompt_is_prefilled_before_a_lower_priority_prompt_already_ru
     scheduler.add_request(second)
     output, _ = step(scheduler, model)
     assert [(c.seq, c.num_tokens) for c in output.chunks] == [(first, 16)]
+
+
+def test_a_lower_priority_prompt_gets_what_keeps_the_urgent_streams_at_their_own_target() -> None:
+    # Two urgent streams decode while a long low-priority prompt is prefilled (the tenants benchmark's load). Their
+    # own decode step is 10 + 2 x 2 = 14 ms, so their target is 1.75 x 14 = 24.5 ms: the prompt gets 10 tokens
+    # (24 ms). The same requests at one priority get the step's floor instead, a page (16 tokens: 30 ms), beyond
+    # even the target of the batch the three make (1.75 x (10 + 3 x 2) = 28 ms).
+    now = [0.0]
+
+    def scheduler_with(urgent: int, low: int) -> tuple[Scheduler, PagedFakeModel, Sequence]:
+        scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=256, itl_target=ItlTarget()), 256,
+                              MAX_MODEL_LEN, eos_token_ids=[EOS], clock=lambda: now[0], step_cost=linear_cost())
+        model = PagedFakeModel(256, 16)
+        for i in range(2):
+            scheduler.add_request(make_seq(f"u{i}", [2, 3, 4], max_tokens=6, priority=urgent))
+        step(scheduler, model)
+        long = make_seq("long", list(range(5, 405)), max_tokens=2, priority=low)
+        scheduler.add_request(long)
+        return scheduler, model, long
+
+    def long_tokens(output) -> int:
+        return sum(c.num_tokens for c in output.chunks if c.seq.request_id == "long")
+
+    scheduler, model, long = scheduler_with(urgent=-10, low=10)
+    output, _ = step(scheduler, model)
+    assert long_tokens(output) == 10
+    equal, equal_model, _ = scheduler_with(urgent=0, low=0)
+    assert long_tokens(step(equal, equal_model)[0]) == 16
+    # The urgent streams end; for priority_hold_s (2 s) another urgent request may come any moment, and would wait
+    # for the step in flight: the prompt's steps stay within 1.75 x a one-row decode step (21 ms: 11 tokens) ...
+    while any(seq.request_id.startswith("u") for seq in scheduler.running):
+        step(scheduler, model)
+    now[0] += 1.5
+    assert long_tokens(step(scheduler, model)[0]) == 11
+    # ... and once no urgent request has been seen for that long, the prompt takes the whole budget again.
+    now[0] += 2.5
+    output, _ = step(scheduler, model)
+    assert long_tokens(output) == min(256, long.num_prompt_tokens - (long.num_computed_tokens - long_tokens(output)))
+    assert output.num_batched_tokens == 256 or long.num_computed_tokens >= long.num_prompt_tokens
 
 
 def test_a_waiting_urgent_request_preempts_a_lower_priority_one_for_room() -> None:

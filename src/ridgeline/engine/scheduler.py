@@ -21,8 +21,12 @@ queue's head is the most urgent request; the victim of a preemption is the runni
 (largest value), the most recently admitted among those; and a waiting head that finds no room (KV pages or a
 slot in the batch) may preempt running sequences of strictly lower priority, never of its own or higher; and a
 step's prefill budget goes to running prompts of the head's priority or higher, then the head, then running
-prompts of lower priority (a long low-priority prompt does not take every step while an urgent one waits). With
-every priority equal (the default, 0) each of these is exactly the first-come-first-served rule above.
+prompts of lower priority (a long low-priority prompt does not take every step while an urgent one waits). With an
+ITL target, prefill of a lower priority than the most urgent request around (running, waiting, or seen within
+priority_hold_s) gets only what keeps the step within that urgent class's own target, decodes or not
+(_background_room): a batch tenant's prompt neither stretches an interactive stream's steps nor keeps an arriving
+interactive prompt behind a long step. With every priority equal (the default, 0) each of these is exactly the
+first-come-first-served rule above.
 With ageing on (SchedulerConfig.priority_aging_steps) every waiting request gains a priority level each that many
 steps, which bounds how long a low priority can be kept out by later, higher-priority arrivals.
 
@@ -87,11 +91,16 @@ class SchedulerConfig:
     # Ageing: every this many steps, every waiting request goes one priority level earlier, so a low priority is
     # admitted at last under any sustained higher-priority load. None: strict priority, no ageing.
     priority_aging_steps: int | None = None
+    # With an ITL target, work of a lower priority than the most urgent class around is bounded by that class's
+    # own target (Scheduler._background_room); "around" means present, or present within this many seconds.
+    priority_hold_s: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise RidgelineError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.priority_hold_s >= 0:
+            raise RidgelineError(f"priority_hold_s must be a number of seconds >= 0, got {self.priority_hold_s}")
         if self.priority_aging_steps is not None and self.priority_aging_steps < 1:
             raise RidgelineError(f"priority_aging_steps must be at least 1, got {self.priority_aging_steps}")
         if self.itl_target is not None and not self.enable_chunked_prefill:
@@ -186,6 +195,7 @@ class Scheduler:
         self.proposer = proposer
         self.waiting: deque[Sequence] = deque()  # by priority, then arrival: the head is admitted first
         self._steps_scheduled = 0  # for ageing (priority_aging_steps)
+        self._urgent_seen: dict[int, float] = {}  # priority -> when it was last the most urgent present (_most_urgent)
         self.running: list[Sequence] = []  # in admission order: of the lowest priority, the last one is preempted first
         self._requests: dict[str, Sequence] = {}
         # Forks waiting for their parent's prompt to be computed: parent id -> children, child id -> parent id.
@@ -321,17 +331,42 @@ class Scheduler:
         head = self.waiting[0].priority if self.waiting else None
         first = [seq for seq in prefills if head is None or seq.priority <= head]
         later = prefills[len(first):]
+        urgent = self._most_urgent(now)
         budget = self._schedule_running(decodes, budget, scheduled, preempted, now)
         step_budget = None
         if self.config.itl_target is not None and scheduled and budget > 0 and (prefills or self.waiting):
             step_budget = self._prefill_limit(list(scheduled.values()), budget, prefills)
             budget = min(budget, step_budget.prefill_limit)
-        budget = self._schedule_running(first, budget, scheduled, preempted, now)
+        # The most urgent class's prompts first (those running, then those waiting), then everything of a lower
+        # priority: the background, which only gets what keeps the step within that class's own ITL target
+        # (_background_room). (First urgent, then background is the order above: with an urgent request waiting,
+        # `first` holds no background prompt.)
+        urgent_first = [seq for seq in first if urgent is None or seq.priority <= urgent]
+        budget = self._schedule_running(urgent_first, budget, scheduled, preempted, now)
+        budget = self._admit(budget, scheduled, preempted, now, urgent)
+        background = [*first[len(urgent_first):], *later]
+        if urgent is not None and budget > 0 and (background or (self.waiting and self.waiting[0].priority > urgent)):
+            budget = self._background_room(list(scheduled.values()), urgent, budget,
+                                           background[0] if background else self.waiting[0])
+        budget = self._schedule_running(first[len(urgent_first):], budget, scheduled, preempted, now)
+        budget = self._admit(budget, scheduled, preempted, now, None)
+        self._schedule_running(later, budget, scheduled, preempted, now)
 
-        # Admit in queue order (priority, then arrival); none after a preemption (the pool is already short), except
-        # the head that preempted lower-priority sequences to get in.
+        chunks = list(scheduled.values())
+        if step_budget is not None and step_budget.target_s is not None:
+            predicted = self.step_cost([chunk.step_chunk for chunk in chunks])
+            step_budget = StepBudget(step_budget.prefill_limit, step_budget.target_s, predicted)
+        return SchedulerOutput(chunks=chunks, preempted=preempted, budget=step_budget)
+
+    def _admit(self, budget: int, scheduled: dict[Sequence, ScheduledChunk], preempted: list[Sequence], now: float,
+               most: int | None) -> int:
+        """Admit in queue order (priority, then arrival), those of priority `most` or a higher one only (None: any);
+        none after a preemption (the pool is already short), except the head that preempted lower-priority
+        sequences to get in. Returns the budget left."""
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
+            if most is not None and seq.priority > most:
+                break
             if self._prefix_in_flight(seq):
                 break  # the head waits for a running sequence to compute its prefix (see _prefix_in_flight)
             if len(self.running) >= self.config.max_num_seqs:
@@ -364,13 +399,7 @@ class Scheduler:
             self.running.append(seq)
             scheduled[seq] = self._chunk(seq, num_tokens, now)
             budget -= num_tokens
-        self._schedule_running(later, budget, scheduled, preempted, now)
-
-        chunks = list(scheduled.values())
-        if step_budget is not None and step_budget.target_s is not None:
-            predicted = self.step_cost([chunk.step_chunk for chunk in chunks])
-            step_budget = StepBudget(step_budget.prefill_limit, step_budget.target_s, predicted)
-        return SchedulerOutput(chunks=chunks, preempted=preempted, budget=step_budget)
+        return budget
 
     def _prefix_in_flight(self, seq: Sequence) -> bool:
         """Whether a running sequence has yet to compute the next block of seq's tokens past what the prefix cache
@@ -474,6 +503,64 @@ class Scheduler:
             else:
                 high = middle - 1
         return StepBudget(low, limit_s, None)
+
+    def _most_urgent(self, now: float) -> int | None:
+        """The most urgent priority around: of the running sequences and the queue's head, or one that was the most
+        urgent present within the last `priority_hold_s` seconds. None without an ITL target (nothing to bound
+        the background by). The memory is for a stream of urgent requests: between one request's end and the next
+        one's arrival (a client's round trip, its tokenising) none of them is here, and a step of background
+        prefill that started then, priced as if nothing urgent could come, would be what the next one waits for."""
+        if self.config.itl_target is None:
+            return None
+        present = [seq.priority for seq in self.running]
+        if self.waiting:
+            present.append(self.waiting[0].priority)  # the queue is sorted: its head is its most urgent
+        if present:
+            self._urgent_seen[min(present)] = now
+        hold = self.config.priority_hold_s
+        for priority in [p for p, seen in self._urgent_seen.items() if now - seen > hold]:
+            del self._urgent_seen[priority]
+        return min(self._urgent_seen, default=None)
+
+    def _background_room(self, chunks: list[ScheduledChunk], urgent: int, budget: int, first: Sequence) -> int:
+        """The prefill tokens work of a lower priority than `urgent` may take in a step that already holds
+        `chunks`: as many as keep the step within the ITL target of the urgent class alone, at least one (the
+        background always advances), at most `budget`. The target is the configured one, or decode_multiple x
+        the predicted decode step of the urgent class's own batch (its sequences running and those waiting, at
+        least one row): what its streams' gaps are bounded by when nothing else runs, so a lower priority no
+        longer stretches them, nor keeps an urgent newcomer waiting behind a long step of its own prefill.
+        No floor of a page or of a share of the backlog, as _least_prefill gives a step's prefill: on this
+        machine's default model a prompt token costs ~1.45 ms against a ~16 ms decode step of two streams
+        (benchmarks/tenants_load.py), so that floor (50-70 tokens for two 600-word prompts) made the
+        interactive tenant's steps ~110 ms, 4.4x its p99 alone."""
+        target, least = self.config.itl_target, min(1, budget)
+        base = [chunk.step_chunk for chunk in chunks]
+        if self.step_cost(base) is None:
+            return least
+        if target.seconds is not None:
+            limit_s = target.seconds
+        else:
+            ours = [seq for seq in self.running if seq.priority <= urgent]
+            ours += itertools.islice(itertools.takewhile(lambda seq: seq.priority <= urgent, self.waiting),
+                                     self.config.max_num_seqs)
+            rows = [(seq.num_tokens, 1, True) for seq in ours[:self.config.max_num_seqs]] or [(0, 1, True)]
+            limit_s = target.decode_multiple * self.step_cost(rows)
+        start = first.num_computed_tokens
+
+        def fits(tokens: int) -> bool:
+            predicted = self.step_cost(base + [(start, tokens, True)])
+            return predicted is not None and predicted <= limit_s
+
+        low, high = least, budget  # bisect for the last that fits, as _prefill_limit does
+        if not fits(low):
+            return least
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def _least_prefill(self, prefills: list[Sequence]) -> int:
         """The least prefill a step with decodes takes: a sixteenth of the backlog (the uncomputed tokens of the
