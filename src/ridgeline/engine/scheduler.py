@@ -493,16 +493,7 @@ class Scheduler:
             predicted = self.step_cost(base + [(start, tokens, True)])
             return predicted is not None and predicted <= limit_s
 
-        low, high = least, budget  # a step-cost model grows with tokens: bisect for the last that fits
-        if not fits(low):
-            return StepBudget(least, limit_s, None)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if fits(middle):
-                low = middle
-            else:
-                high = middle - 1
-        return StepBudget(low, limit_s, None)
+        return StepBudget(last_that_fits(fits, least, budget), limit_s, None)
 
     def _most_urgent(self, now: float) -> int | None:
         """The most urgent priority around: of the running sequences and the queue's head, or one that was the most
@@ -551,16 +542,7 @@ class Scheduler:
             predicted = self.step_cost(base + [(start, tokens, True)])
             return predicted is not None and predicted <= limit_s
 
-        low, high = least, budget  # bisect for the last that fits, as _prefill_limit does
-        if not fits(low):
-            return least
-        while low < high:
-            middle = (low + high + 1) // 2
-            if fits(middle):
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return last_that_fits(fits, least, budget)
 
     def _least_prefill(self, prefills: list[Sequence]) -> int:
         """The least prefill a step with decodes takes: a sixteenth of the backlog (the uncomputed tokens of the
@@ -734,3 +716,18 @@ class Scheduler:
         del self._requests[seq.request_id]
         if seq.request_id in self._pending_forks:
             self._release_forks(seq)
+
+
+def last_that_fits(fits: Callable[[int], bool], least: int, most: int) -> int:
+    """The largest token count in [least, most] that fits, by bisection (a step-cost model grows with tokens), or
+    `least` when not even that does: a step always makes some progress on its prompt."""
+    if not fits(least):
+        return least
+    low, high = least, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
