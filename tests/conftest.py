@@ -74,3 +74,14 @@ def client(server):
     import openai
 
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_llama(tmp_path_factory):
+    """A random 2-layer llama as a Hugging Face directory with a tokenizer (tests/tiny_models.py): read-only."""
+    from tiny_models import build_hf_model, save_tokenizer
+
+    directory = tmp_path_factory.mktemp("tiny-hf-llama")
+    build_hf_model("llama", directory)
+    save_tokenizer(directory)
+    return directory

@@ -4,7 +4,6 @@ and the roofline prediction beside each batch size is the napkin model's. No tim
 import json
 
 import pytest
-from tiny_models import build_hf_model, save_tokenizer
 from typer.testing import CliRunner
 
 from ridgeline.bench import bench_throughput
@@ -21,27 +20,19 @@ FAKE_MACHINE = Hardware(THIS_MACHINE, "fake machine", bandwidth=20e9, memory_byt
                         dense_flops={"fp32": 100e9}, default_precision="fp32")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    build_hf_model("llama", directory)
-    save_tokenizer(directory)
-    return directory
-
-
 @pytest.fixture(autouse=True)
 def fake_machine(monkeypatch):
     """The roofline's machine without measuring this one (seconds) or touching the user's cache."""
     monkeypatch.setattr(bench_throughput, "this_machine", lambda threads=None: FAKE_MACHINE)
 
 
-def run(tiny_model, batch_sizes, input_len=8, output_len=5, **options):
-    config = engine_config(tiny_model, threads=2, kv_cache_memory="4MiB", **options)
+def run(tiny_hf_llama, batch_sizes, input_len=8, output_len=5, **options):
+    config = engine_config(tiny_hf_llama, threads=2, kv_cache_memory="4MiB", **options)
     return run_throughput(ThroughputConfig(config, batch_sizes, input_len, output_len))
 
 
-def test_every_request_generates_output_len_tokens_and_decode_counts_all_but_the_first(tiny_model):
-    report = run(tiny_model, (1, 3))
+def test_every_request_generates_output_len_tokens_and_decode_counts_all_but_the_first(tiny_hf_llama):
+    report = run(tiny_hf_llama, (1, 3))
     assert [r.batch for r in report.results] == [1, 3]
     for r in report.results:
         assert r.output_tokens == r.batch * 5
@@ -53,34 +44,34 @@ def test_every_request_generates_output_len_tokens_and_decode_counts_all_but_the
         assert r.prefill_tok_s == pytest.approx(r.batch * 8 / r.prefill_s)
 
 
-def test_tokens_before_the_last_first_token_belong_to_the_prefill_phase(tiny_model):
+def test_tokens_before_the_last_first_token_belong_to_the_prefill_phase(tiny_hf_llama):
     # Two run at a time: the third request starts only when the first two have finished all five tokens.
-    (result,) = run(tiny_model, (3,), max_num_seqs=2).results
+    (result,) = run(tiny_hf_llama, (3,), max_num_seqs=2).results
     assert result.output_tokens == 15
     assert result.decode_tokens == 4  # only the third request's tokens after its first
     assert result.steps == 10
 
 
-def test_roofline_prediction_is_the_napkin_decode_ceiling_at_the_average_context(tiny_model):
-    report = run(tiny_model, (2,), input_len=8, output_len=6)
+def test_roofline_prediction_is_the_napkin_decode_ceiling_at_the_average_context(tiny_hf_llama):
+    report = run(tiny_hf_llama, (2,), input_len=8, output_len=6)
     (result,) = report.results
-    roofline = Roofline(load_model_shape(str(tiny_model)), FAKE_MACHINE)
+    roofline = Roofline(load_model_shape(str(tiny_hf_llama)), FAKE_MACHINE)
     assert result.roofline_tok_s == pytest.approx(roofline.decode(2, 8 + 3).tokens_per_s)
     assert result.fraction_of_roofline == pytest.approx(result.decode_tok_s / result.roofline_tok_s)
 
 
-def invoke_cli(tiny_model, *options):
+def invoke_cli(tiny_hf_llama, *options):
     from ridgeline.cli import register_commands, app
 
     register_commands()
-    result = CliRunner().invoke(app, ["bench", "throughput", "--model", str(tiny_model), "--batch-sizes", "1,2",
+    result = CliRunner().invoke(app, ["bench", "throughput", "--model", str(tiny_hf_llama), "--batch-sizes", "1,2",
                                       "--input-len", "6", "--output-len", "3", "--threads", "2", *options])
     assert result.exit_code == 0, result.output
     return result
 
 
-def test_json_report_holds_the_figures_and_roofline_points(tiny_model):
-    result = invoke_cli(tiny_model, "--json")
+def test_json_report_holds_the_figures_and_roofline_points(tiny_hf_llama):
+    result = invoke_cli(tiny_hf_llama, "--json")
     summary = json.loads(result.stdout)
     assert summary["threads"] == 2
     assert [(r["batch"], r["output_tokens"], r["decode_tokens"]) for r in summary["results"]] == [(1, 3, 2), (2, 6, 4)]
@@ -89,8 +80,8 @@ def test_json_report_holds_the_figures_and_roofline_points(tiny_model):
     assert [(p.phase, p.batch, p.context) for p in points] == [("decode", 1, 7), ("decode", 2, 7)]
 
 
-def test_table_has_a_row_per_batch_size_and_the_plot_is_written(tiny_model, tmp_path):
-    result = invoke_cli(tiny_model, "--plot", str(tmp_path / "throughput.png"))
+def test_table_has_a_row_per_batch_size_and_the_plot_is_written(tiny_hf_llama, tmp_path):
+    result = invoke_cli(tiny_hf_llama, "--plot", str(tmp_path / "throughput.png"))
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
     assert [row.split("│")[1].strip() for row in rows] == ["1", "2"]
     assert (tmp_path / "throughput.png").read_bytes().startswith(b"\x89PNG")
@@ -102,6 +93,6 @@ def test_bad_batch_sizes_are_a_user_error(text):
         parse_batch_sizes(text)
 
 
-def test_an_output_length_below_two_is_a_user_error(tiny_model):
+def test_an_output_length_below_two_is_a_user_error(tiny_hf_llama):
     with pytest.raises(RidgelineError, match="output length"):
-        run(tiny_model, (1,), output_len=1)
+        run(tiny_hf_llama, (1,), output_len=1)

@@ -4,7 +4,6 @@ one measured while other processes held the cores (machine/busy.py); and the fit
 import numpy as np
 import pytest
 import torch
-from tiny_models import build_hf_model, save_tokenizer
 from typer.testing import CliRunner
 
 from ridgeline.cli import register_commands
@@ -136,15 +135,7 @@ def test_a_term_that_copies_another_is_left_out_not_split_at_random():
     assert error < 1e-6
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("llama-trust")
-    build_hf_model("llama", directory)
-    save_tokenizer(directory)
-    return directory
-
-
-def test_profile_refuses_a_busy_measurement_unless_forced_and_simulate_warns(tiny_model, tmp_path, monkeypatch):
+def test_profile_refuses_a_busy_measurement_unless_forced_and_simulate_warns(tiny_hf_llama, tmp_path, monkeypatch):
     register_commands()
     monkeypatch.setattr(busy.LoadMeter, "stop", lambda self: BUSY)  # fault injection: another job held the cores
     measured = []  # the engine's grid is timed once; the forced run writes what the refused one measured
@@ -152,7 +143,7 @@ def test_profile_refuses_a_busy_measurement_unless_forced_and_simulate_warns(tin
     monkeypatch.setattr(profile_module, "measure", lambda *args, **kwargs: measured[0] if measured
                         else measured.append(real_measure(*args, **kwargs)) or measured[0])
     out = tmp_path / "profile.json"
-    grid = ["profile", "--model", str(tiny_model), "--decode-rows", "1,3", "--contexts", "8,40", "--prefill-tokens",
+    grid = ["profile", "--model", str(tiny_hf_llama), "--decode-rows", "1,3", "--contexts", "8,40", "--prefill-tokens",
             "4,30", "--max-num-batched-tokens", "64", "--kv-cache-memory", "1MiB", "--block-size", "4",
             "--threads", str(torch.get_num_threads()), "--out", str(out)]
     refused = CliRunner().invoke(cli_app, grid)
@@ -165,7 +156,7 @@ def test_profile_refuses_a_busy_measurement_unless_forced_and_simulate_warns(tin
     assert "flagged: taken under load" in forced.output
     assert Profile.load(out).flags and Profile.load(out).other_cpu_share == BUSY.other_share
     simulated = CliRunner().invoke(cli_app, [
-        "simulate", "--model", str(tiny_model), "--calibrated", "--profile", str(out), "--kv-cache-memory", "1MiB",
+        "simulate", "--model", str(tiny_hf_llama), "--calibrated", "--profile", str(out), "--kv-cache-memory", "1MiB",
         "--block-size", "4", "--max-num-batched-tokens", "64", "--threads", str(torch.get_num_threads()),
         "--workload", "rate:50", "--num-prompts", "4", "--input-len", "20", "--output-len", "4", "--json"])
     assert simulated.exit_code == 0, simulated.output
