@@ -22,7 +22,6 @@ import numpy as np
 from gguf import GGUFReader
 
 from ridgeline.errors import ModelLoadError
-from ridgeline.model import native
 from ridgeline.model.gguf_check import check_gguf
 from ridgeline.model.mapped_files import register
 
@@ -71,6 +70,8 @@ def file_identity(path: Path) -> str:
 
 def cache_path(path: Path) -> Path:
     """One entry per model path: a changed file's new index replaces its old one instead of piling up beside it."""
+    from ridgeline.model import native  # here, not above: native imports torch, which a tokenizer never needs
+
     name = hashlib.sha256(f"{INDEX_LAYOUT}|{path.resolve()}".encode()).hexdigest()[:32]
     return native.CACHE_DIR / "gguf_index" / f"{name}.pickle"
 

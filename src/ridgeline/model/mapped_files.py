@@ -12,12 +12,16 @@ range) is alive and still that file's; once the map is freed its entry is gone, 
 mapping is never taken for the old file.
 """
 
+from __future__ import annotations
+
 import mmap
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only locate() takes a tensor; tokenizers map files through here without torch
+    import torch
 
 
 @dataclass(frozen=True)

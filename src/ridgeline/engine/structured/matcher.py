@@ -4,12 +4,21 @@ The mask is llguidance's bitmask as it comes (one bit a token, 32 to an int32 wo
 batch in one call (fill_masks) on the engine's mask worker. Nothing else is built ahead: a plain greedy request's
 token is its row's argmax wherever the grammar allows it (one bit read), else the best of the allowed ones
 (masked_argmax, which unpacks the bits only then); a sampled request's row is masked with the others of its batch
-in one vectorised op in the sampler (apply_grammar_masks), not through a float row built per request."""
+in one vectorised op in the sampler (apply_grammar_masks), not through a float row built per request.
+
+torch is imported where a tensor is touched, not with the module: admission compiles grammars through this module,
+and the CLI commands that only admit or simulate (their errors included) would otherwise pay ~2 s importing it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 import llguidance
+
+if TYPE_CHECKING:
+    import torch
 
 from ridgeline.engine.structured.vocabulary import ClosingVocabulary
 
@@ -94,6 +103,8 @@ class GrammarMatcher:
 
     def bias(self) -> torch.Tensor:
         """[vocab] float32: 0 where the next token may be, -inf where the grammar forbids it."""
+        import torch
+
         return torch.from_numpy(np.take(_BIAS, self._unpack()))
 
     def masked_argmax(self, logits: torch.Tensor, best: int) -> int:
@@ -165,6 +176,8 @@ def apply_grammar_masks(logits: torch.Tensor, rows: list[int], words: list[np.nd
     which is what a 262k row costs: where a mask's forbidden tokens lie in few words, only they are written; where
     its allowed ones do (between JSON values), those are kept and the row refilled; the other rows are unpacked
     whole and selected, all in one op (not masked_fill, which branches per entry)."""
+    import torch
+
     vocab = logits.shape[-1]
     forbidden = torch.tensor(float("-inf"), device=logits.device)
     mixed_rows, mixed_words = [], []
