@@ -143,8 +143,11 @@ def decode_times(llm: LLM, repetitions: int, max_tokens: int, temperatures: list
             masks = llm.engine.masks
             rates = {False: [], True: []}
             mask_seconds, wait_seconds, num_masks = masks.mask_seconds, masks.wait_seconds, masks.num_masks
-            for _ in range(repetitions):
-                for constrained in (False, True):
+            at_sampling = llm.engine.grammars.sampling_masks
+            sampling_count, sampling_seconds = at_sampling.count, at_sampling.seconds
+            for repetition in range(repetitions):
+                # A B, B A, ...: the machine drifts over minutes, so neither side always runs first.
+                for constrained in ((False, True) if repetition % 2 == 0 else (True, False)):
                     rates[constrained].append(decode_rate(llm, batch, constrained, max_tokens, temperature))
             rows = masks.num_masks - num_masks
             result[f"batch_{batch}" + ("" if temperature == 0 else f"_temperature_{temperature:g}")] = {
@@ -152,7 +155,12 @@ def decode_times(llm: LLM, repetitions: int, max_tokens: int, temperatures: list
                 "constrained_tok_s": round(statistics.median(rates[True]), 1),
                 "ratio": round(statistics.median(rates[True]) / statistics.median(rates[False]), 3),
                 "ratios_per_repetition": [round(c / u, 3) for u, c in zip(rates[False], rates[True])],
-                # Rows sampled with temperature alone get no mask on the worker (engine/sampler.py): rows may be 0.
+                "median_of_repetition_ratios": round(statistics.median(c / u for u, c in zip(rates[False], rates[True])), 3),
+                # Plain greedy rows and rows sampled with temperature alone get no mask on the worker, only where
+                # the grammar refuses the token they chose, at sampling (engine/sampler.py): rows may be 0.
+                "masks_at_sampling": at_sampling.count - sampling_count,
+                "mask_ms_at_sampling_per_step": round((at_sampling.seconds - sampling_seconds) * 1000
+                                                      / (2 * repetitions * max_tokens) * 2, 4),
                 "masks_on_worker": rows,
                 "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / max(rows, 1) * 1000, 3),
                 "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (max(rows, 1) / batch) * 1000, 3)}

@@ -233,6 +233,31 @@ def test_masked_argmax_is_the_argmax_of_the_masked_row(llm):
                 break
 
 
+def test_greedy_rows_check_their_argmax_first_and_get_the_masked_answer(llm, monkeypatch):
+    # A plain greedy constrained row computes no mask ahead on the worker (its time is taken from the forward
+    # pass's cores): it asks the grammar about its argmax and computes the mask only where that is refused. Its
+    # tokens must be those of the row masked ahead, at every kind of constraint, batched with sampled rows.
+    import ridgeline.engine.llm_engine as llm_engine
+
+    constraints = [Structured(json=case("invoice").schema), Structured(regex=REGEX), Structured(choice=CHOICES),
+                   Structured(grammar=LARK)]
+    params = [SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=c) for c in constraints]
+    params += [SamplingParams(temperature=1.0, seed=5, max_tokens=24)]  # unconstrained, beside them
+    prompts = [f"{PROMPT} {i}" for i in range(len(params))]
+    worker, sampling = llm.engine.masks, llm.engine.grammars.sampling_masks
+    before = worker.num_masks, sampling.count
+    checked = [out.output_token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    on_worker, at_sampling = worker.num_masks - before[0], sampling.count - before[1]
+    tokens = sum(len(ids) for ids in checked[:4])
+    # Only rows in their closing window (near max_tokens, JSON only) are masked ahead; refusals are masked after.
+    assert on_worker <= 16 and 0 < at_sampling < tokens
+    monkeypatch.setattr(llm_engine, "checks_before_mask", lambda params, vocab: False)  # every row masked ahead
+    before = worker.num_masks
+    ahead = [out.output_token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    assert worker.num_masks - before >= tokens - len(constraints)
+    assert checked[:4] == ahead[:4]
+
+
 def test_batched_masks_are_each_rows_own_mask(llm):
     # The engine fills a step's masks in one llguidance call and the sampler masks its sampled rows together: row
     # for row the same as each matcher's own mask added as a 0 / -inf row, whichever rows of the buffer they are,

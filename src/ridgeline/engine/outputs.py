@@ -70,9 +70,11 @@ class EngineStats:
     grammar_cache_hits: int = 0
     grammars_refused: int = 0
     grammar_compile_seconds: float = 0.0
-    grammar_masks: int = 0
+    grammar_masks: int = 0  # on the mask worker, beside the forward pass
     grammar_mask_seconds: float = 0.0
     grammar_mask_wait_seconds: float = 0.0
+    grammar_masks_at_sampling: int = 0  # computed when the row was sampled: a refused check (engine/sampler.py)
+    grammar_mask_at_sampling_seconds: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -267,6 +267,13 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def checks_before_mask(params: SamplingParams, vocab: int) -> bool:
+    """A constrained row that needs its grammar mask only if the grammar refuses the token it chose unmasked: a
+    plain greedy row (its argmax, one token checked: GrammarMatcher.masked_argmax) or a row that draws first
+    (draws_before_mask). The engine computes no mask ahead for these (llm_engine.py)."""
+    return (params.is_greedy and not params.changes_logits) or draws_before_mask(params, vocab)
+
+
 def draws_before_mask(params: SamplingParams, vocab: int) -> bool:
     """A sampled constrained row whose grammar mask can wait until its draw is refused (Sampler._sample_chunk):
     temperature alone, no top-k, top-p or min-p, which would pick their tokens from the masked row."""

@@ -105,7 +105,13 @@ class ServerMetrics:
         self.grammar_compile_seconds = gauge("ridgeline_grammar_compile_seconds", "Total time spent compiling grammars.")
         self.grammar_masks = gauge("ridgeline_grammar_masks",
                                    "Token masks computed on the mask worker so far (one per constrained row per step, "
-                                   "but not for rows sampled with temperature alone: they check their drawn token).")
+                                   "but not for plain greedy rows or rows sampled with temperature alone: they check "
+                                   "the token they chose).")
+        self.grammar_masks_at_sampling = gauge(
+            "ridgeline_grammar_masks_at_sampling",
+            "Token masks computed when a row was sampled, after its forward pass (a checked token the grammar refused).")
+        self.grammar_mask_at_sampling_seconds = gauge("ridgeline_grammar_mask_at_sampling_seconds",
+                                                      "Total time computing masks at sampling (on the step's path).")
         self.grammar_mask_seconds = gauge("ridgeline_grammar_mask_seconds", "Total time computing masks (beside the forward pass).")
         self.grammar_mask_wait_seconds = gauge("ridgeline_grammar_mask_wait_seconds",
                                                "Total time steps waited for masks after their forward pass.")
@@ -160,6 +166,8 @@ class ServerMetrics:
         self.grammar_masks.set(stats.grammar_masks)
         self.grammar_mask_seconds.set(stats.grammar_mask_seconds)
         self.grammar_mask_wait_seconds.set(stats.grammar_mask_wait_seconds)
+        self.grammar_masks_at_sampling.set(stats.grammar_masks_at_sampling)
+        self.grammar_mask_at_sampling_seconds.set(stats.grammar_mask_at_sampling_seconds)
 
     def observe_kv_received(self, pages: int, num_bytes: int, seconds: float) -> None:
         self.kv_pages_received.inc(pages)

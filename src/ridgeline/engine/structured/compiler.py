@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import llguidance
 import numpy as np
 
-from ridgeline.engine.structured.matcher import GrammarMatcher, closing_window
+from ridgeline.engine.structured.matcher import GrammarMatcher, SamplingMasks, closing_window
 from ridgeline.json_schemas import DEFAULT_BOUNDS, JsonBounds, bound_schema, schema_too_large
 from ridgeline.engine.structured.params import StructuredOutputsParams
 from ridgeline.engine.structured.vocabulary import ClosingVocabulary, closing_vocabulary, grammar_tokenizer
@@ -40,8 +40,9 @@ class CompilerStats:
 
 class CompiledGrammar:
     def __init__(self, pristine: llguidance.LLMatcher, vocab_size: int, compile_seconds: float,
-                 closing: ClosingVocabulary | None = None):
+                 closing: ClosingVocabulary | None = None, sampling_masks: SamplingMasks | None = None):
         self._pristine = pristine
+        self._sampling_masks = sampling_masks
         self.vocab_size = vocab_size
         self.compile_seconds = compile_seconds
         self._closing = closing  # JSON grammars only: what an answer near max_tokens is steered to
@@ -49,7 +50,7 @@ class CompiledGrammar:
     def matcher(self, max_tokens: int | None = None) -> GrammarMatcher:
         window = closing_window(max_tokens)
         return GrammarMatcher(self._pristine.deep_copy(), self.vocab_size,
-                              None if window is None else max_tokens - window, self._closing)
+                              None if window is None else max_tokens - window, self._closing, self._sampling_masks)
 
 
 class GrammarCompiler:
@@ -67,6 +68,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self.stats = CompilerStats()
+        self.sampling_masks = SamplingMasks()  # what every matcher made here computed when sampled (matcher.py)
         self.limits = llguidance.LLParserLimits(**PARSER_LIMITS)
         # Bounds a JSON schema gets where it sets none, so answers end (bounds.py); None compiles schemas as sent.
         self.json_bounds: JsonBounds | None = DEFAULT_BOUNDS
@@ -116,7 +118,8 @@ class GrammarCompiler:
         if probe.is_stopped() and not probe.is_accepting():
             self._refuse(spec, "it matches nothing (no text can satisfy it)")
         compiled = CompiledGrammar(pristine, self.vocab_size, time.perf_counter() - started,
-                                   self._closing if spec.json is not None or spec.json_object else None)
+                                   self._closing if spec.json is not None or spec.json_object else None,
+                                   self.sampling_masks)
         with self._lock:
             self.stats.compiled += 1
             self.stats.compile_seconds += compiled.compile_seconds

@@ -11,6 +11,8 @@ and the CLI commands that only admit or simulate (their errors included) would o
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,12 +36,23 @@ def closing_window(max_tokens: int | None) -> int | None:
     return None if max_tokens is None else max(4, min(32, max_tokens // 4))
 
 
+@dataclass
+class SamplingMasks:
+    """Masks computed when a row is sampled rather than ahead on the mask worker (a row that checked the token it
+    chose unmasked and was refused, or one nothing asked ahead for): their time is on the step's critical path."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+
 class GrammarMatcher:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, close_at: int | None = None,
-                 closing: ClosingVocabulary | None = None):
+                 closing: ClosingVocabulary | None = None, sampling_masks: SamplingMasks | None = None):
         """close_at: from this many output tokens on, the next token is taken from the first closing tier
-        (vocabulary.py) the grammar allows any of, so the answer ends before max_tokens (JSON answers only)."""
+        (vocabulary.py) the grammar allows any of, so the answer ends before max_tokens (JSON answers only).
+        sampling_masks: where the masks this matcher computes itself (compute(), not fill_masks) are counted."""
         self._matcher = matcher
+        self._sampling_masks = sampling_masks
         self.vocab_size = vocab_size
         self.num_consumed = 0  # output tokens the grammar has taken
         self.close_at = close_at if closing is not None else None
@@ -70,8 +83,12 @@ class GrammarMatcher:
         """This position's mask, once per position, by whichever asks first (the engine asks ahead, for the whole
         batch at once, on its mask worker while the forward pass runs: fill_masks)."""
         if self.needs_mask:
+            started = time.perf_counter()
             self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # drops the GIL
             self._computed()
+            if self._sampling_masks is not None:
+                self._sampling_masks.count += 1
+                self._sampling_masks.seconds += time.perf_counter() - started
 
     @property
     def closing(self) -> bool:
