@@ -160,7 +160,7 @@ def decode_times(llm: LLM, repetitions: int, max_tokens: int, temperatures: list
                 # the grammar refuses the token they chose, at sampling (engine/sampler.py): rows may be 0.
                 "masks_at_sampling": at_sampling.count - sampling_count,
                 "mask_ms_at_sampling_per_step": round((at_sampling.seconds - sampling_seconds) * 1000
-                                                      / (2 * repetitions * max_tokens) * 2, 4),
+                                                      / (repetitions * max_tokens), 4),
                 "masks_on_worker": rows,
                 "mask_ms_per_row_on_worker": round((masks.mask_seconds - mask_seconds) / max(rows, 1) * 1000, 3),
                 "wait_ms_per_step": round((masks.wait_seconds - wait_seconds) / (max(rows, 1) / batch) * 1000, 3)}
