@@ -233,15 +233,18 @@ def test_masked_argmax_is_the_argmax_of_the_masked_row(llm):
                 break
 
 
-def test_greedy_rows_check_their_argmax_first_and_get_the_masked_answer(llm, monkeypatch):
-    # A plain greedy constrained row computes no mask ahead on the worker (its time is taken from the forward
-    # pass's cores): it asks the grammar about its argmax and computes the mask only where that is refused. Its
-    # tokens must be those of the row masked ahead, at every kind of constraint, batched with sampled rows.
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_check_their_token_first_and_get_the_masked_answer(llm, monkeypatch, temperature):
+    # A plain greedy or temperature-only constrained row computes no mask ahead on the worker (its time is taken
+    # from the forward pass's cores): it asks the grammar about its argmax or draw and computes the mask only where
+    # that is refused, in the closing window too. Its tokens must be those of the row masked ahead, at every kind
+    # of constraint, batched with an unconstrained row.
     import ridgeline.engine.llm_engine as llm_engine
 
     constraints = [Structured(json=case("invoice").schema), Structured(regex=REGEX), Structured(choice=CHOICES),
                    Structured(grammar=LARK)]
-    params = [SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=c) for c in constraints]
+    params = [SamplingParams(temperature=temperature, seed=11, max_tokens=64, structured_outputs=c)
+              for c in constraints]
     params += [SamplingParams(temperature=1.0, seed=5, max_tokens=24)]  # unconstrained, beside them
     prompts = [f"{PROMPT} {i}" for i in range(len(params))]
     worker, sampling = llm.engine.masks, llm.engine.grammars.sampling_masks
@@ -249,8 +252,8 @@ def test_greedy_rows_check_their_argmax_first_and_get_the_masked_answer(llm, mon
     checked = [out.output_token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
     on_worker, at_sampling = worker.num_masks - before[0], sampling.count - before[1]
     tokens = sum(len(ids) for ids in checked[:4])
-    # Only rows in their closing window (near max_tokens, JSON only) are masked ahead; refusals are masked after.
-    assert on_worker <= 16 and 0 < at_sampling < tokens
+    # None masked ahead, rows in their closing window (the last 16 of 64 tokens, JSON) included; refusals after.
+    assert on_worker == 0 and 0 < at_sampling < tokens
     monkeypatch.setattr(llm_engine, "checks_before_mask", lambda params, vocab: False)  # every row masked ahead
     before = worker.num_masks
     ahead = [out.output_token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
