@@ -28,6 +28,9 @@ from ridgeline.engine.structured.vocabulary import ClosingVocabulary
 _BIAS = np.array([-np.inf, 0.0], dtype=np.float32)
 _WORD_BITS = np.arange(32)
 SPARSE_FRACTION = 16  # at most vocab / 16 allowed: masked_argmax gathers them instead of masking the whole row
+# Set bits per int32 word (numpy >= 2 counts them directly; older ones unpack).
+_popcount = getattr(np, "bitwise_count", None) or \
+    (lambda words: np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1).sum(axis=1))
 
 
 def closing_window(max_tokens: int | None) -> int | None:
@@ -62,7 +65,8 @@ class GrammarMatcher:
         self.closed_early = False  # a token was steered by closing
         self._words = np.zeros((vocab_size + 31) // 32, dtype=np.int32)  # bit t of word t // 32: token t allowed
         self._bits: np.ndarray | None = None  # 1 where allowed, one byte a token: unpacked only when asked for
-        self._few: np.ndarray | None = None  # the allowed ids, where they are few (with _bits)
+        self._few: np.ndarray | None = None  # the allowed ids, where they are few (_allowed_few)
+        self._few_at = -1  # num_consumed _few was found for
         self._at = -1  # num_consumed the mask was computed for
 
     @property
@@ -107,16 +111,25 @@ class GrammarMatcher:
         return self._words
 
     def _unpack(self) -> np.ndarray:
-        """The mask one byte a token, and the allowed ids where they are few (masked_argmax's gather)."""
+        """The mask one byte a token."""
         self.compute()
         if self._bits is None:
             self._bits = np.unpackbits(self._words.view(np.uint8), count=self.vocab_size, bitorder="little")
-            words = np.flatnonzero(self._words)  # 8k words scanned, not 262k bytes
-            if len(words) * 32 <= self.vocab_size // SPARSE_FRACTION or \
-                    np.count_nonzero(self._bits) <= self.vocab_size // SPARSE_FRACTION:
+        return self._bits
+
+    def _allowed_few(self) -> np.ndarray | None:
+        """The allowed ids where they are few (at most vocab / SPARSE_FRACTION: masked_argmax's gather), else None.
+        Found from the mask's nonzero words alone (8k words scanned, not 262k bytes unpacked): a closing answer's
+        mask, the closing tokens the grammar allows, is a few dozen ids."""
+        self.compute()
+        if self._few_at != self._at:
+            self._few, self._few_at = None, self._at
+            words = np.flatnonzero(self._words)
+            few = self.vocab_size // SPARSE_FRACTION
+            if len(words) * 32 <= few or (len(words) <= few and int(_popcount(self._words[words]).sum()) <= few):
                 in_words = np.unpackbits(self._words[words].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")
                 self._few = (words[:, None] * 32 + _WORD_BITS)[in_words.view(np.bool_)]
-        return self._bits
+        return self._few
 
     def bias(self) -> torch.Tensor:
         """[vocab] float32: 0 where the next token may be, -inf where the grammar forbids it."""
@@ -130,11 +143,11 @@ class GrammarMatcher:
         among many, the whole row masked. Exactly the argmax of the masked row, ties included (first of equals)."""
         if self.allows(best):
             return best
-        bits = self._unpack()
         values = logits.numpy()
-        if self._few is not None:
-            return int(self._few[values[self._few].argmax()])
-        return int(np.where(bits.view(np.bool_), values, -np.inf).argmax())
+        few = self._allowed_few()
+        if few is not None:
+            return int(few[values[few].argmax()])
+        return int(np.where(self._unpack().view(np.bool_), values, -np.inf).argmax())
 
     def _close(self) -> None:
         for tier in self._closing.in_string if self._in_string else self._closing.out_of_string:
