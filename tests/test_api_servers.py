@@ -24,6 +24,8 @@ from server_helpers import serve_tiny_model_process
 
 PROMPTS = [f"{start} {n}" for n in range(6) for start in ("The quick brown fox", "Once upon a time")]
 HEADER = "x-ridgeline-api-server"
+KEY = "rl-test-acme"  # the two-API-process server's one tenant (its usage: the shared store's, in every scrape)
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def descendants(pid: int) -> list[int]:
@@ -57,7 +59,7 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
 def complete(url: str, prompt: str) -> tuple[str, str, dict]:
     """(the answer's text, the API process that served it, its usage); a new connection each (the kernel picks the
     process)."""
-    reply = httpx.post(f"{url}/v1/completions", timeout=60,
+    reply = httpx.post(f"{url}/v1/completions", timeout=60, headers=AUTH,
                        json={"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True})
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["text"], reply.headers.get(HEADER), reply.json()["usage"]
@@ -101,7 +103,8 @@ def server_counts(samples: dict) -> dict[str, float]:
             "finished": total(samples, "ridgeline_request_success_total"),
             "prompt_tokens": total(samples, "ridgeline_prompt_tokens_total"),
             "completion_tokens": total(samples, "ridgeline_generation_tokens_total"),
-            "ttft_observed": total(samples, "ridgeline_time_to_first_token_seconds_count")}
+            "ttft_observed": total(samples, "ridgeline_time_to_first_token_seconds_count"),
+            "tenant_requests": total(samples, "ridgeline_tenant_requests_total", tenant="acme")}
 
 
 def counts_of(pages: list[tuple[str, dict]]) -> dict[str, float]:
@@ -124,9 +127,14 @@ def stop_leaves_nothing(process) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_apis():
-    """(process, url) of `serve --engine-core process --api-server-count 2`, once both API processes listen."""
-    with serve_tiny_model_process("--engine-core", "process", "--api-server-count", "2",
+def two_apis(tmp_path_factory):
+    """(process, url) of `serve --engine-core process --api-server-count 2` with one tenant, once both API processes
+    listen."""
+    from ridgeline.tenancy.keys import hash_key
+
+    tenants = tmp_path_factory.mktemp("tenants") / "tenants.toml"
+    tenants.write_text(f'[tenants.acme]\nkeys = ["{hash_key(KEY)}"]\n')
+    with serve_tiny_model_process("--engine-core", "process", "--api-server-count", "2", "--tenants", str(tenants),
                                   "--drain-timeout", "1") as (process, url):
         # Both listen once both have said so on /health (until then the kernel gives every connection to the other).
         seen: set[str] = set()
@@ -150,6 +158,7 @@ def test_two_api_processes_serve_concurrently_as_one(two_apis):
     # Every scrape, from either process, counts all K requests and their tokens, exactly as the clients did.
     assert {name: value - before[name] for name, value in counts_of(pages).items()} == {
         "requests": len(got), "finished": len(got), "ttft_observed": len(got),
+        "tenant_requests": len(got),  # from the store both processes share: counted once, not summed again
         "prompt_tokens": sum(usage["prompt_tokens"] for _, _, usage in got),
         "completion_tokens": sum(usage["completion_tokens"] for _, _, usage in got)}
     for index, samples in pages:
@@ -172,7 +181,7 @@ def test_a_killed_core_fails_both_api_processes_then_both_recover(two_apis):
     lock = threading.Lock()
 
     def stream() -> None:
-        with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60, headers=AUTH,
                           json={"prompt": "Once", "max_tokens": 450, "ignore_eos": True, "stream": True}) as reply:
             with lock:
                 if reply.headers[HEADER] in streams:
