@@ -278,39 +278,60 @@ def test_the_next_core_ready_before_this_process_saw_the_death_is_not_lost(tmp_p
 
 
 WRITER = """
-import json, sys
+import json, sqlite3, sys
+from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 from ridgeline.server.metrics import ServerMetrics
+from ridgeline.server.tenants import install_tenancy
+from ridgeline.tenancy.gate import TenantGate
+from fastapi import FastAPI
 metrics = ServerMetrics("m", summed=True)
 metrics.describe_api_server(int(sys.argv[1]), 2)
-for name, value in json.loads(sys.argv[2]).items():
+metrics.add_tenants(install_tenancy(FastAPI(), gate := TenantGate(Path(sys.argv[3]))))
+values = json.loads(sys.argv[2])
+for _ in range(values.pop("db_errors", 0)):
+    gate._failed("settlement", sqlite3.OperationalError("database is locked"))  # as the store's worker reports one
+for name, value in values.items():
     getattr(metrics, name).inc(value) if name.endswith("tokens") else getattr(metrics, name).set(value)
 print(json.dumps({s.name: s.value for f in text_string_to_metric_families(metrics.render().decode())
-                  for s in f.samples if s.name.startswith(("ridgeline_prompt", "ridgeline_kv_cache_total"))}))
+                  for s in f.samples if s.name.startswith(("ridgeline_prompt", "ridgeline_kv_cache_total",
+                                                           "ridgeline_tenant_usage_db_errors"))}))
+gate.close()
 """
 
 
 def test_the_merged_metrics_of_processes_that_come_and_go(tmp_path):
     """The files behind the summed /metrics, process by process (as the supervisor's API processes write them): a
     process that starts after another mirrored the core's gauges does not hide that snapshot behind its starting
-    zeros, and an ended process's counts stay in the totals once its gauges are dropped."""
+    zeros, and an ended process's counts stay in the totals once its gauges are dropped. The usage database's
+    errors, which each process counts on its own connection, are summed too."""
     import subprocess
     import sys
 
     from prometheus_client.multiprocess import mark_process_dead
+    from ridgeline.tenancy.keys import hash_key
+
+    (metrics_dir := tmp_path / "metrics").mkdir()
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(f'[tenants.acme]\nkeys = ["{hash_key(KEY)}"]\n')
 
     def api_process(index: int, **values: float) -> tuple[int, dict]:
-        done = subprocess.run([sys.executable, "-c", WRITER, str(index), json.dumps(values)], capture_output=True,
-                              text=True, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}, timeout=60)
+        done = subprocess.run([sys.executable, "-c", WRITER, str(index), json.dumps(values), str(tenants)],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)})
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
-    assert api_process(0, prompt_tokens=7, num_total_pages=64) == {
-        "ridgeline_prompt_tokens_total": 7, "ridgeline_kv_cache_total_pages": 64}
-    first = next(int(path.stem.split("_")[-1]) for path in tmp_path.glob("gauge_*.db"))
-    assert api_process(1, prompt_tokens=5) == {"ridgeline_prompt_tokens_total": 12, "ridgeline_kv_cache_total_pages": 64}
-    mark_process_dead(first, str(tmp_path))
-    assert api_process(1) == {"ridgeline_prompt_tokens_total": 12, "ridgeline_kv_cache_total_pages": 0}
+    assert api_process(0, prompt_tokens=7, num_total_pages=64, db_errors=1) == {
+        "ridgeline_prompt_tokens_total": 7, "ridgeline_kv_cache_total_pages": 64,
+        "ridgeline_tenant_usage_db_errors_total": 1}
+    first = next(int(path.stem.split("_")[-1]) for path in metrics_dir.glob("gauge_*.db"))
+    assert api_process(1, prompt_tokens=5, db_errors=2) == {
+        "ridgeline_prompt_tokens_total": 12, "ridgeline_kv_cache_total_pages": 64,
+        "ridgeline_tenant_usage_db_errors_total": 3}
+    mark_process_dead(first, str(metrics_dir))
+    assert api_process(1) == {"ridgeline_prompt_tokens_total": 12, "ridgeline_kv_cache_total_pages": 0,
+                              "ridgeline_tenant_usage_db_errors_total": 3}
 
 
 def test_several_api_processes_need_the_shared_directory(monkeypatch):

@@ -151,7 +151,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     tenant_metrics = None
     if tenants is not None:
         tenant_metrics = install_tenancy(app, tenants)
-        metrics.add_collector(tenant_metrics)  # the shared store's totals: the server's already, never summed
+        metrics.add_tenants(tenant_metrics)  # the shared store's totals: the server's already, never summed
 
     def respond(result: BaseModel | Response | None) -> Response:
         if isinstance(result, Response):

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from ridgeline.engine.step_record import StepRecord
 from ridgeline.errors import RidgelineError
 from ridgeline.napkin.token_cost import PhaseWork, TokenCost, split_step, token_cost
+from ridgeline.tenancy.metrics import DB_ERRORS_HELP, TenantMetrics
 
 # Seconds; spans a fast decode step on a GPU to a long queue on a busy CPU.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -200,6 +201,17 @@ class ServerMetrics:
         """A collector this process renders itself, not summed over API processes (the tenants' usage, read from
         the store every process shares, is already the whole server's)."""
         self.exposed.register(collector)
+
+    def add_tenants(self, collector: TenantMetrics) -> None:
+        """The tenants' metrics: their usage from the shared store, rendered here; of the two counts each process
+        keeps, the usage database's errors are summed over the API processes (each has its own connection), and
+        failed reloads stay this process's (every process reloads the file on the one SIGHUP)."""
+        if self.exposed is not self.registry:
+            errors = Counter("ridgeline_tenant_usage_db_errors", DB_ERRORS_HELP, registry=self.registry)
+            errors.inc(collector.gate.db_errors)
+            collector.gate.on_db_error = errors.inc
+            collector.db_errors_elsewhere = True
+        self.add_collector(collector)
 
     def observe_engine(self, stats) -> None:
         """Gauges from one `EngineStats` snapshot (called by the engine thread after every step)."""
