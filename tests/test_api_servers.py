@@ -219,7 +219,8 @@ def test_a_killed_core_fails_both_api_processes_then_both_recover(two_apis):
     assert all(text for text, _, _ in again)
     counts = counts_of(scrapes(url))
     assert counts["requests"] - recovered["requests"] == 4
-    assert counts["completion_tokens"] - recovered["completion_tokens"] == sum(u["completion_tokens"] for *_, u in again)
+    assert counts["completion_tokens"] - recovered["completion_tokens"] == \
+           sum(usage["completion_tokens"] for _, _, usage in again)
 
 
 def test_sigterm_leaves_no_process_behind(two_apis):
