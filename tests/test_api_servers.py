@@ -171,6 +171,12 @@ def test_two_api_processes_serve_concurrently_as_one(two_apis):
                    if name == "ridgeline_num_requests_running"]
         assert running == [(frozenset({("model_name", "tiny-llama")}), 0.0)], running
         assert total(samples, "ridgeline_kv_cache_total_pages") > 0
+    # The dashboard's counters read the same merged registry: the whole server's from either process too.
+    dashboards: dict[str, dict] = {}
+    assert wait_for(lambda: dashboards.setdefault((r := httpx.get(f"{url}/dashboard/state", headers=AUTH)).headers[
+        HEADER], r.json()["counters"]) and len(dashboards) == 2)
+    assert {index: shown["generation_tokens"] for index, shown in dashboards.items()} == \
+           {index: counts_of(pages)["completion_tokens"] for index in ("0", "1")}
 
 
 def test_a_killed_core_fails_both_api_processes_then_both_recover(two_apis):
