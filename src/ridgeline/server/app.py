@@ -80,7 +80,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     if config.role not in ROLES:
         raise RidgelineError(f"unknown role {config.role!r} (choose from {', '.join(ROLES)})")
     model_name = config.served_model_name or engine.model_name
-    metrics = ServerMetrics(model_name)
+    metrics = ServerMetrics(model_name, summed=config.api_server_count > 1)  # several: each reports them all
     if config.usd_per_hour is not None:
         if config.usd_per_hour < 0:
             raise RidgelineError(f"usd_per_hour must be >= 0, got {config.usd_per_hour}")
@@ -151,7 +151,7 @@ def create_app(engine, config: ServerConfig) -> FastAPI:
     tenant_metrics = None
     if tenants is not None:
         tenant_metrics = install_tenancy(app, tenants)
-        metrics.registry.register(tenant_metrics)
+        metrics.add_tenants(tenant_metrics)  # the shared store's totals: the server's already, never summed
 
     def respond(result: BaseModel | Response | None) -> Response:
         if isinstance(result, Response):

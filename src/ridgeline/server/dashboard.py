@@ -52,11 +52,12 @@ def query_float(request: Request, name: str) -> float | None:
 
 
 def counters(metrics: ServerMetrics) -> dict:
-    """The /metrics counters the page shows, read from the same registry (so the two always agree)."""
+    """The /metrics counters the page shows, read from the same registry (so the two always agree; with several API
+    processes, the whole server's)."""
     labels = {"model_name": metrics.model_name}
 
     def value(name: str, **extra: str) -> float:
-        return metrics.registry.get_sample_value(name, labels | extra) or 0.0
+        return metrics.exposed.get_sample_value(name, labels | extra) or 0.0
 
     return {
         "requests": {reason: value("ridgeline_request_success_total", finished_reason=reason)

@@ -2,6 +2,14 @@
 
 Each server owns its own `CollectorRegistry` (not prometheus-client's global one) so that several servers
 can live in one process, as they do in the tests.
+
+Several API processes over one engine core (`serve --api-server-count N`, engine_core/api_servers.py) report the
+whole server from every one of them, with prometheus-client's multiprocess mode: the supervisor points
+PROMETHEUS_MULTIPROC_DIR at a fresh directory of its own before it starts them, so every metric they create keeps
+its value in a memory-mapped file there (one per process), and each /metrics merges all the files: counters and
+histograms summed over the processes, the engine core's gauges (which every process mirrors from the same
+snapshots) taken from the most recent writer, once. What is not summed is rendered by the answering process
+itself: which process answered, and the tenants' usage, which is already the server's (the shared usage store).
 """
 
 import os
@@ -10,15 +18,37 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import values as prometheus_values
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from ridgeline.engine.step_record import StepRecord
+from ridgeline.errors import RidgelineError
 from ridgeline.napkin.token_cost import PhaseWork, TokenCost, split_step, token_cost
+from ridgeline.tenancy.metrics import DB_ERRORS_HELP, TenantMetrics
 
 # Seconds; spans a fast decode step on a GPU to a long queue on a busy CPU.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 FINISH_REASONS = ("stop", "length", "abort")
 COST_WINDOW_S = 60.0  # the live $/Mtok is the last minute's: long enough to span bursts, short enough to follow load
 COST_TOKENS = ("prompt", "completion", "blended")
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's: read when it is imported, so set before then
+# The engine core's gauges, mirrored by every API process from the same snapshots: the latest write of a live
+# process wins (a dead process's files for it are removed by mark_process_dead), so each is reported once.
+MIRRORED = "livemostrecent"
+EPOCH_DEFAULT = 1e-9  # the time a mirrored gauge's starting 0 is written at: earlier than any real write
+
+
+def shared_metrics_dir() -> str:
+    """The directory the API processes' metrics are merged from. prometheus-client picks memory-mapped values at
+    import when PROMETHEUS_MULTIPROC_DIR is set (the supervisor sets it before starting the process), so both must
+    hold, or this process's counts would never reach the others' scrapes."""
+    path = os.environ.get(MULTIPROC_DIR_ENV)
+    if not path or not os.path.isdir(path) or not getattr(prometheus_values.ValueClass, "_multiprocess", False):
+        raise RidgelineError(f"several API processes need {MULTIPROC_DIR_ENV} set to a directory before "
+                             "prometheus_client is imported (serve --api-server-count does it)")
+    return path
 
 
 def window_work(steps: Sequence[StepRecord], now: float, window_s: float, since: float) -> PhaseWork:
@@ -57,19 +87,41 @@ class LiveCost:
         return token_cost(window_work(kept, now, self.window_s, since), self.usd_per_hour)
 
 
+class ApiServerInfo(Collector):
+    """Which API process answered this scrape: rendered by that process alone (never merged from the files, where
+    every process's would show at once)."""
+
+    def __init__(self, model_name: str, index: int, count: int):
+        self.labels = [model_name, str(index), str(count), str(os.getpid())]
+
+    def collect(self):
+        info = GaugeMetricFamily("ridgeline_api_server_info", "The API process that answered this scrape, among "
+                                 "the server's (1).", labels=["model_name", "index", "count", "pid"])
+        info.add_metric(self.labels, 1)
+        yield info
+
+
 class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, model_name: str):
-        self.registry = CollectorRegistry()
+    def __init__(self, model_name: str, summed: bool = False):
+        """summed: one of several API processes (shared_metrics_dir): /metrics merges all of theirs."""
+        self.registry = CollectorRegistry()  # this process's metrics
+        self.exposed = self.registry  # what /metrics and the dashboard read
+        if summed:
+            self.exposed = CollectorRegistry()
+            MultiProcessCollector(self.exposed, shared_metrics_dir())
         self.model_name = model_name
         labels = {"model_name": model_name}
+        mirrored: list[Gauge] = []
 
         def histogram(name: str, doc: str) -> Histogram:
             return Histogram(name, doc, list(labels), registry=self.registry, buckets=LATENCY_BUCKETS).labels(**labels)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
+        def gauge(name: str, doc: str) -> Gauge:  # (the multiprocess mode only counts with several processes)
+            mirrored.append(Gauge(name, doc, list(labels), registry=self.registry,
+                                  multiprocess_mode=MIRRORED).labels(**labels))
+            return mirrored[-1]
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
@@ -143,6 +195,29 @@ class ServerMetrics:
         )
         self.finished = {reason: self._finished.labels(**labels, finished_reason=reason) for reason in FINISH_REASONS}
         self.live_cost: LiveCost | None = None  # serve --usd-per-hour: enable_cost() adds the cost gauges
+        self.api_server_requests: Counter | None = None  # one of several API processes: describe_api_server()
+        if summed:
+            # A most-recent gauge that no process wrote has no sample at all: each starts at 0 as in one process,
+            # written as of the epoch (the value's own set, which Gauge.set calls with the time now), so that any
+            # process's real snapshot wins over it, even one taken before this process started.
+            for mirror in mirrored:
+                mirror._value.set(0.0, timestamp=EPOCH_DEFAULT)
+
+    def add_collector(self, collector: Collector) -> None:
+        """A collector this process renders itself, not summed over API processes (the tenants' usage, read from
+        the store every process shares, is already the whole server's)."""
+        self.exposed.register(collector)
+
+    def add_tenants(self, collector: TenantMetrics) -> None:
+        """The tenants' metrics: their usage from the shared store, rendered here; of the two counts each process
+        keeps, the usage database's errors are summed over the API processes (each has its own connection), and
+        failed reloads stay this process's (every process reloads the file on the one SIGHUP)."""
+        if self.exposed is not self.registry:
+            errors = Counter("ridgeline_tenant_usage_db_errors", DB_ERRORS_HELP, registry=self.registry)
+            errors.inc(collector.gate.db_errors)
+            collector.gate.on_db_error = errors.inc
+            collector.db_errors_elsewhere = True
+        self.add_collector(collector)
 
     def observe_engine(self, stats) -> None:
         """Gauges from one `EngineStats` snapshot (called by the engine thread after every step)."""
@@ -180,6 +255,8 @@ class ServerMetrics:
         self.prompt_tokens.inc(len(output.prompt_token_ids))
         self.generation_tokens.inc(len(output.output_token_ids))
         self.finished[output.finish_reason or "abort"].inc()
+        if self.api_server_requests is not None:
+            self.api_server_requests.inc()
         if timings.queue_time is not None:
             self.queue_time.observe(timings.queue_time)
         if timings.ttft is not None:
@@ -210,11 +287,13 @@ class ServerMetrics:
 
     def describe_api_server(self, index: int, count: int) -> None:
         """One of several API processes over one engine core: a scrape reaches whichever the kernel gave the
-        connection, so it says which. The request counters and latency histograms that follow are this process's
-        own traffic; the engine's gauges (running, waiting, pages...) are the core's, the same in every one."""
-        info = Gauge("ridgeline_api_server_info", "This API process among the server's (1 on the one answering).",
-                     ["model_name", "index", "count", "pid"], registry=self.registry)
-        info.labels(model_name=self.model_name, index=str(index), count=str(count), pid=str(os.getpid())).set(1)
+        connection, so it says which, and what each process finished (the `api_server` label: at most `count`
+        values). Every other counter and histogram is the whole server's, summed over the processes."""
+        self.add_collector(ApiServerInfo(self.model_name, index, count))
+        self.api_server_requests = Counter(
+            "ridgeline_api_server_requests", "Finished requests per API process (how the port spread them).",
+            ["model_name", "api_server"], registry=self.registry).labels(model_name=self.model_name,
+                                                                         api_server=str(index))
 
     def refresh_cost(self, now: float | None = None) -> TokenCost | None:
         """Set the cost gauges from the live window (None: no price configured, nothing is set)."""
@@ -230,4 +309,4 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         self.refresh_cost()
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)

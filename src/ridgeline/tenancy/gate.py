@@ -13,6 +13,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class TenantGate:
         self.clock = clock
         self.reloads_failed = 0
         self.db_errors = 0
+        self.on_db_error: Callable[[], None] | None = None  # also told of each (several API processes sum them)
         self._lock = threading.Lock()  # db_errors is written from the worker thread, read by /metrics
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ridgeline-usage")
         usage_db = Path(usage_db) if usage_db is not None else default_usage_db(self.tenants_path)
@@ -132,6 +134,8 @@ class TenantGate:
     def _failed(self, what: str, error: sqlite3.Error) -> None:
         with self._lock:
             self.db_errors += 1
+        if self.on_db_error is not None:
+            self.on_db_error()
         logger.error("usage database %s failed (request served uncounted): %s", what, error)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from prometheus_client.registry import Collector
 from ridgeline.tenancy.store import TenantUsage
 
 REJECTION_REASONS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day")
+DB_ERRORS_HELP = "Usage-database operations that failed (the requests were served, uncounted)."
 
 
 class TenantMetrics(Collector):
@@ -16,6 +17,7 @@ class TenantMetrics(Collector):
     def __init__(self, gate):
         self.gate = gate
         self.snapshot: dict[str, TenantUsage] = {}
+        self.db_errors_elsewhere = False  # True: a counter summed over API processes reports them (server/metrics.py)
 
     def update(self, usage: dict[str, TenantUsage]) -> None:
         self.snapshot = usage
@@ -41,11 +43,11 @@ class TenantMetrics(Collector):
                                           "(reserved by running requests, used by finished ones).", labels=["tenant"])
         for row in rows:
             minute_tokens.add_metric([row.tenant], row.minute_tokens)
-        errors = CounterMetricFamily("ridgeline_tenant_usage_db_errors", "Usage-database operations that failed "
-                                     "(the requests were served, uncounted).")
+        errors = CounterMetricFamily("ridgeline_tenant_usage_db_errors", DB_ERRORS_HELP)
         errors.add_metric([], self.gate.db_errors)
         reloads = CounterMetricFamily("ridgeline_tenant_reloads_failed", "SIGHUP reloads of the tenants file that "
                                       "failed (the previous file stayed in force).")
         reloads.add_metric([], self.gate.reloads_failed)
         yield from families.values()
-        yield from (rejected, minute_tokens, errors, reloads)
+        yield from (rejected, minute_tokens) if self.db_errors_elsewhere else (rejected, minute_tokens, errors)
+        yield reloads

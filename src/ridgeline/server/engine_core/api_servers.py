@@ -18,6 +18,11 @@ The process `serve` runs in becomes their supervisor and answers nothing itself:
 - An API process that exits by itself (a crash, or a core it gave up on) takes the whole server down with exit
   status 1, for whatever supervises `serve` to restart it whole; so does a core that keeps dying. Should this
   process be killed outright, the core and the API processes see their parent change and exit.
+- Metrics: every API process's /metrics is the whole server's (server/metrics.py). Before starting them it points
+  PROMETHEUS_MULTIPROC_DIR at an empty directory of this server's (so no count survives from another run), for
+  them alone: the core writes no metrics, and a restarted core changes nothing there (the counts are the API
+  processes', which live on). When an API process ends, its mirrored gauges are dropped (mark_process_dead); its
+  counters' and histograms' files stay, so the totals never go back.
 """
 
 import logging
@@ -32,12 +37,15 @@ import time
 from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from ridgeline.errors import RidgelineError
 from ridgeline.server.app import ServerConfig, create_app
 from ridgeline.server.engine_core.client import MAX_RESTARTS, RESTART_WINDOW
 from ridgeline.server.engine_core.core import run_core
 from ridgeline.server.engine_core.process import STOP_SECONDS, AttachedCore, CoreSockets
 from ridgeline.server.launcher import FLUSH_SECONDS, configure_logging, run_server
+from ridgeline.server.metrics import MULTIPROC_DIR_ENV
 
 log = logging.getLogger("ridgeline.api_servers")
 
@@ -103,6 +111,9 @@ class ApiServers:
         self._spawn = multiprocessing.get_context("spawn")
         self._dir = tempfile.mkdtemp(prefix="ridgeline-api-servers-")
         self.sockets = [CoreSockets(f"ipc://{self._dir}/in-{i}", f"ipc://{self._dir}/out-{i}") for i in range(count)]
+        self.metrics_dir = os.path.join(self._dir, "metrics")  # the API processes' PROMETHEUS_MULTIPROC_DIR
+        os.mkdir(self.metrics_dir)
+        self._metrics_dropped: set[int] = set()
         self.core: multiprocessing.Process | None = None
         self.api: list[multiprocessing.Process] = []
         self.restarts: list[float] = []
@@ -117,12 +128,7 @@ class ApiServers:
         signal.signal(signal.SIGHUP, lambda *_: self._forward(signal.SIGHUP))
         try:
             self._start_core()
-            for index, sockets in enumerate(self.sockets):
-                spec = ApiServerSpec(self.engine_config, replace(config, api_server_index=index), sockets, os.getpid())
-                process = self._spawn.Process(target=run_api_server, args=(spec,), name=f"ridgeline-api-{index}",
-                                              daemon=True)
-                process.start()
-                self.api.append(process)
+            self._start_api_processes(config)
             log.info("%d API processes (pids %s) on %s:%d, engine core pid %d", self.count,
                      ", ".join(str(p.pid) for p in self.api), config.host, config.port, self.core.pid)
             return self._supervise()
@@ -139,6 +145,31 @@ class ApiServers:
             reserved.close()
             shutil.rmtree(self._dir, ignore_errors=True)
 
+    def _start_api_processes(self, config: ServerConfig) -> None:
+        """Each with the shared metrics directory in its environment from its first line (prometheus-client reads
+        it at import); it is taken out of this process's again, so a restarted core never has it."""
+        previous = os.environ.get(MULTIPROC_DIR_ENV)
+        os.environ[MULTIPROC_DIR_ENV] = self.metrics_dir
+        try:
+            for index, sockets in enumerate(self.sockets):
+                spec = ApiServerSpec(self.engine_config, replace(config, api_server_index=index), sockets, os.getpid())
+                process = self._spawn.Process(target=run_api_server, args=(spec,), name=f"ridgeline-api-{index}",
+                                              daemon=True)
+                process.start()
+                self.api.append(process)
+        finally:
+            if previous is None:
+                os.environ.pop(MULTIPROC_DIR_ENV)
+            else:
+                os.environ[MULTIPROC_DIR_ENV] = previous
+
+    def _drop_metrics_of_ended(self) -> None:
+        """An ended API process's mirrored gauges no longer count (its counters and histograms do: kept)."""
+        for process in self.api:
+            if process.exitcode is not None and process.pid not in self._metrics_dropped:
+                self._metrics_dropped.add(process.pid)
+                mark_process_dead(process.pid, self.metrics_dir)
+
     def _supervise(self) -> int:
         status = 0
         while True:
@@ -149,6 +180,7 @@ class ApiServers:
             if not self._stopping and self.core.is_alive():
                 watched.append(self.core.sentinel)
             wait(watched, timeout=0.5)  # a signal lands between waits: the handler only sets a flag and forwards
+            self._drop_metrics_of_ended()
             if self._stopping:
                 continue
             ended = [p for p in self.api if not p.is_alive()]
