@@ -269,6 +269,7 @@ def main() -> None:
     MODEL, SYSTEM_WORDS = args.model, args.system_words
     REPORT_INTERVAL_S, PRIOR_PREFILL = args.report_interval_s, args.prior_prefill_tokens_per_s
     replica_policy.COPY_PENALTY = args.copy_penalty
+    router_prior()  # before the thread count drops to the replicas' one: `ridgeline router` draws it at its own
     torch.set_num_threads(1)
     if args.runs > 1:
         repeated = asyncio.run(repeated_runs(args.kv, args.requests, args.runs))
