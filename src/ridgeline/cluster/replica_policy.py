@@ -14,8 +14,8 @@ the rest was re-prefill after the evictions they caused. So a replica is charged
 prompt blocks some other usable replica already holds (its `copy_s`): a prefix moves only when the holder's
 queue is longer than the alternative's by more than twice the prefill the move repeats - a real imbalance, the
 role of SGLang's cache-aware router's balance threshold, but in the router's own units (seconds of predicted
-work) rather than a request count. Prompts no replica holds pay no such charge, so traffic without shared
-prefixes (uniform load, a burst) is placed by counted load exactly as before.
+work) rather than a request count. Prompts no replica holds pay no copy charge, so traffic without shared
+prefixes (uniform load, a burst) is placed by counted load, less only what it would evict (below).
 
 A prefix no replica holds is charged likewise for what it evicts (its `evict_s`): its blocks past the room left in
 a replica's cache (the blocks the router knows it holds, reported or sent, against what the cache can hold), at
