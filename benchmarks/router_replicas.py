@@ -10,12 +10,13 @@
 4. Failover under load: one replica killed with requests in flight; how they ended and where new ones went.
 
     python benchmarks/router_replicas.py [--requests 96] [--json out.json]
-    python benchmarks/router_replicas.py --runs 5 --requests 64 --prior-prefill-tokens-per-s 78 --json out.json
-        (part 1 only, five times over: every run's ratio)
+    python benchmarks/router_replicas.py --runs 5 --requests 64 --json out.json
+        (part 1 only, five times over: every run's ratio; the router's own defaults, its rate prior included)
 """
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import sys
@@ -51,7 +52,7 @@ def text(rng, words: int) -> str:
 MODEL: str | None = None  # --model; None: the bundled default model
 SYSTEM_WORDS = 260
 REPORT_INTERVAL_S = 1.0  # --report-interval-s: the router's default health interval (`ridgeline router`)
-PRIOR_PREFILL = 1500.0  # --prior-prefill-tokens-per-s: the rate the router starts from, then learns
+PRIOR_PREFILL: float | None = None  # --prior-prefill-tokens-per-s; None: the router's own prior (router_prior)
 
 
 def make_engine(kv: str) -> LLMEngine:
@@ -87,11 +88,27 @@ async def run_workload(router: Router, prompts: list[list[int]], concurrency: in
             "mean_ttft_ms": round(1e3 * statistics.mean(ttfts), 1), "requests_per_replica": sent}
 
 
+@functools.cache
+def router_prior() -> Rates:
+    """The rates the router starts from before it has measured any: what `ridgeline router` gives this model with
+    no rates configured (cluster/build.py prior_rates: the roofline's, for this machine as `ridgeline measure`
+    cached it, else its napkin estimate), unless --prior-prefill-tokens-per-s pins the prefill rate."""
+    from ridgeline.cluster.rates import roofline_rates
+    from ridgeline.machine.this_machine import roof_named
+    from ridgeline.model.model_source import load_model_shape
+
+    prior = roofline_rates(load_model_shape(MODEL), roof_named("this-machine"))
+    if PRIOR_PREFILL is not None:
+        return Rates(PRIOR_PREFILL, prior.decode_tokens_per_s, "configured")
+    return prior
+
+
 def router_over(replicas: list, policy: str) -> Router:
     group = ModelGroup("gemma", 0.5, replicas, tokenizer=getattr(replicas[0], "tokenizer", None),
                        admission=getattr(replicas[0], "admission", None))
-    return Router([group], {r.name: Rates(PRIOR_PREFILL, 60.0, "configured") for r in replicas}, policy=policy,
-                  health_interval_s=3600)
+    prior = router_prior()
+    rates = {r.name: Rates(prior.prefill_tokens_per_s, prior.decode_tokens_per_s, prior.source) for r in replicas}
+    return Router([group], rates, policy=policy, health_interval_s=3600)
 
 
 def workloads(tokenizer, requests: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
@@ -241,21 +258,26 @@ def main() -> None:
                         help="seconds between the workers' reports to the router (its health checks; default: the "
                              "router's default)")
     parser.add_argument("--prior-prefill-tokens-per-s", type=float, default=PRIOR_PREFILL,
-                        help="the prefill rate the router starts from before it has measured any")
+                        help="the prefill rate the router starts from before it has measured any (default: the "
+                             "router's own prior, the roofline's for this model on this machine)")
     parser.add_argument("--affinity-only", action="store_true", help="run part 1 (and 2) only")
     parser.add_argument("--runs", type=int, default=1,
                         help="> 1: part 1 only, this many times over, each ratio recorded (in --json)")
+    parser.add_argument("--machine", default="AMD EPYC, 2 shared cores", help="what the JSON says it ran on")
     parser.add_argument("--json")
     args = parser.parse_args()
     MODEL, SYSTEM_WORDS = args.model, args.system_words
     REPORT_INTERVAL_S, PRIOR_PREFILL = args.report_interval_s, args.prior_prefill_tokens_per_s
     replica_policy.COPY_PENALTY = args.copy_penalty
+    router_prior()  # before the thread count drops to the replicas' one: `ridgeline router` draws it at its own
     torch.set_num_threads(1)
     if args.runs > 1:
         repeated = asyncio.run(repeated_runs(args.kv, args.requests, args.runs))
+        prior = router_prior()
         settings = {"requests": args.requests, "kv": args.kv, "report_interval_s": REPORT_INTERVAL_S,
-                    "prior_prefill_tokens_per_s": PRIOR_PREFILL, "copy_penalty": args.copy_penalty,
-                    "machine": "AMD EPYC, AVX2 only, 2 shared cores"}
+                    "prior_prefill_tokens_per_s": round(prior.prefill_tokens_per_s, 1),
+                    "prior_decode_tokens_per_s": round(prior.decode_tokens_per_s, 1), "prior_source": prior.source,
+                    "copy_penalty": args.copy_penalty, "machine": args.machine}
         print(json.dumps({"ratios": repeated["ratios"], "min_ratio": repeated["min_ratio"]}), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps({"settings": settings, **repeated}, indent=2))

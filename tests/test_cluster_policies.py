@@ -196,10 +196,10 @@ def _replica_state(holder_backlog: int, other_backlog: int = 0):
     return loads, index, rates
 
 
-def _rank(prompt_tokens: int, cached: dict[str, int], loads, index, rates):
+def _rank(prompt_tokens: int, cached: dict[str, int], loads, index, rates, caches=None):
     from ridgeline.cluster.replica_policy import rank_replicas
 
-    return rank_replicas(["holder", "other"], prompt_tokens, 8, cached, index, loads, rates)
+    return rank_replicas(["holder", "other"], prompt_tokens, 8, cached, index, loads, rates, caches)
 
 
 def test_a_turn_stays_with_its_prefix_while_the_holder_is_still_prefilling_it():
@@ -281,3 +281,59 @@ def test_auto_counts_a_prompt_in_each_tier_s_own_tokens_where_it_holds_the_token
     # Past COUNT_CHARS the count is scaled from the part tokenized.
     long = "word " * (COUNT_CHARS // 2)
     assert router.count_prompt_tokens(long)["small"] == pytest.approx(COUNT_CHARS // 2, rel=0.001)
+
+
+def _fill(index: PrefixIndex, replica: str, prefixes: int, blocks: int = 18) -> None:
+    """`prefixes` system prompts of `blocks` blocks of 16 reported held by `replica`."""
+    for k in range(prefixes):
+        index.apply(replica, CacheEvents(stored=prompt_block_hashes([k + 3 + 1000 * len(replica)] * (16 * blocks + 1), 16)))
+
+
+def test_a_new_prefix_goes_where_it_evicts_nothing_though_the_other_replica_looks_a_little_less_busy():
+    # "holder" holds four prefixes and has no room for a fifth; "other" holds three. A prompt nobody holds, with
+    # "other" a few milliseconds busier (one more stream decoding, a few tokens of backlog): by counted load alone
+    # it went to the full cache, evicted a prefix there, and the turns on that prefix prefilled it again.
+    loads, index, rates = _replica_state(holder_backlog=0, other_backlog=20)
+    _fill(index, "holder", 4)
+    _fill(index, "other", 3)
+    caches = {"holder": (16, 80), "other": (16, 80)}
+    ranked = _rank(290, {"holder": 0, "other": 0}, loads, index, rates, caches)
+    assert ranked[0].replica == "other"
+    by_name = {c.replica: c for c in ranked}
+    assert by_name["holder"].evict_s == pytest.approx((72 + 18 - 80) * 16 / 1000)  # the 10 blocks past its room
+    assert by_name["other"].evict_s == 0
+    # Without a cache size (an OpenAI server), counted load decides, as before.
+    assert _rank(290, {"holder": 0, "other": 0}, loads, index, rates)[0].replica == "holder"
+
+
+def test_the_eviction_charge_leaves_a_held_prefix_to_the_copy_charge_and_both_full_caches_to_load():
+    loads, index, rates = _replica_state(holder_backlog=0, other_backlog=20)
+    _fill(index, "holder", 5)
+    _fill(index, "other", 5)
+    caches = {"holder": (16, 80), "other": (16, 80)}
+    ranked = _rank(290, {"holder": 0, "other": 0}, loads, index, rates, caches)
+    assert ranked[0].replica == "holder"  # both full: the same charge on each, so the load decides
+    assert ranked[0].evict_s == ranked[1].evict_s == pytest.approx(18 * 16 / 1000)
+    # A turn on a prefix "holder" holds: "other" pays copy_s for the 17 held blocks, and evict_s only for the block
+    # nobody holds; "holder" for that one block too.
+    ranked = {c.replica: c for c in _rank(290, {"holder": 272, "other": 0}, loads, index, rates, caches)}
+    assert ranked["other"].copy_s == pytest.approx(0.272) and ranked["other"].evict_s == pytest.approx(0.016)
+    assert ranked["holder"].evict_s == pytest.approx(0.016)
+
+
+def test_blocks_sent_to_a_replica_count_against_its_room_until_its_report_says_what_it_kept():
+    tokens = list(range(3, 70))
+    chain = prompt_block_hashes(tokens, 16)
+    index = PrefixIndex()
+    index.apply("r", CacheEvents(stored=chain[:1]))
+    index.expect("r", "req-1", chain)
+    index.expect("r", "req-2", chain[:2])
+    assert index.blocks_in_use("r") == 4  # one reported, three more on their way (counted once however many bring them)
+    index.ended("req-1")
+    index.apply("r", CacheEvents(stored=chain[1:3]))  # req-1's report: it kept three of its four
+    assert index.blocks_in_use("r") == 3
+    index.ended("req-2")
+    index.apply("r", CacheEvents(removed=chain[:1]))
+    assert index.blocks_in_use("r") == 2
+    index.forget("r")
+    assert index.blocks_in_use("r") == 0

@@ -215,3 +215,22 @@ def test_detailed_backlog_names_each_request_and_leaves_out_its_cached_prefix(en
         assert _prefill_remaining(engine.scheduler)["waiting"] == 3
         engine.abort("waiting")
     driver.stop()
+
+
+def test_detailed_backlog_leaves_out_a_prefix_a_request_ahead_is_computing(engine):
+    """Two turns on one new prefix: the second waits while the first computes it, then finds it cached, so its
+    backlog is its own turn only (the router takes this figure for its load count; the whole prompt made the
+    replica holding the prefix look a prefill busier than it was, and the next turn went to the other replica)."""
+    from ridgeline.engine.engine_thread import _prefill_remaining
+
+    shared = list(range(1, 65))  # four blocks of 16, not in the cache yet
+    params = SamplingParams(max_tokens=1)
+    engine.add_admitted("first", engine.admission.admit(shared + [70], params))
+    engine.add_admitted("second", engine.admission.admit(shared + [71, 72], params))
+    engine.add_admitted("other", engine.admission.admit(list(range(101, 165)) + [73], params))
+    # The first (ahead in the queue) computes the prefix itself; the second pays for its last two tokens only.
+    assert _prefill_remaining(engine.scheduler) == {"first": 65, "second": 2, "other": 65}
+    engine.step()  # the first computes it, the second waits for it (scheduler._prefix_in_flight), then hits it
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.scheduler.num_prefilled_tokens == 65 + 2 + 65  # what the backlog said each would cost

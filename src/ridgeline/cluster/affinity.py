@@ -37,6 +37,7 @@ class PrefixIndex:
         self._expected: dict[str, Counter] = {}  # replica -> block hash -> requests in flight that bring it
         self._requests: dict[str, tuple[str, list[bytes]]] = {}  # request id -> replica, its prompt's hashes
         self._ended: dict[str, list[str]] = {}  # replica -> ended requests whose blocks its next report confirms
+        self._pending: dict[str, int] = {}  # replica -> expected blocks not (yet) reported held
 
     def apply(self, replica: str, events: CacheEvents) -> None:
         held = self._held.setdefault(replica, set())
@@ -46,11 +47,15 @@ class PrefixIndex:
         held.update(events.stored)
         for request_id in self._ended.pop(replica, []):
             self._drop(request_id)
+        self._pending[replica] = sum(1 for block_hash in self._expected.get(replica, ()) if block_hash not in held)
 
     def expect(self, replica: str, request_id: str, hashes: list[bytes]) -> None:
         """A prompt with these block hashes was just sent to `replica`: count them there from now on."""
         self._requests[request_id] = (replica, hashes)
-        self._expected.setdefault(replica, Counter()).update(hashes)
+        expected, held = self._expected.setdefault(replica, Counter()), self._held.get(replica, ())
+        self._pending[replica] = self._pending.get(replica, 0) + sum(
+            1 for block_hash in hashes if not expected[block_hash] and block_hash not in held)
+        expected.update(hashes)
 
     def ended(self, request_id: str) -> None:
         """The request is over: its blocks stay expected until its replica's next report says what it kept."""
@@ -62,15 +67,19 @@ class PrefixIndex:
         expected = self._expected.get(replica)
         if expected is not None:
             expected.subtract(hashes)
+            held = self._held.get(replica, ())
             for block_hash in hashes:
                 if expected[block_hash] <= 0:
                     del expected[block_hash]
+                    if block_hash not in held:
+                        self._pending[replica] -= 1
 
     def forget(self, replica: str) -> None:
         """A replica that died or left holds nothing any more."""
         self._held.pop(replica, None)
         self._expected.pop(replica, None)
         self._ended.pop(replica, None)
+        self._pending.pop(replica, None)
         for request_id in [r for r, (name, _) in self._requests.items() if name == replica]:
             del self._requests[request_id]
 
@@ -101,3 +110,7 @@ class PrefixIndex:
 
     def num_blocks(self, replica: str) -> int:
         return len(self._held.get(replica, ()))
+
+    def blocks_in_use(self, replica: str) -> int:
+        """Blocks the replica's cache holds as best the router knows: reported, and sent there since (expected)."""
+        return len(self._held.get(replica, ())) + self._pending.get(replica, 0)

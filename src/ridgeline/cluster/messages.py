@@ -26,6 +26,9 @@ class WorkerInfo:
     block_size: int  # tokens per KV block: the router hashes prompts in blocks of this size
     limits: AdmissionLimits  # what its engine admits: a front checks requests against these before sending
     num_kv_pages: int
+    # Prompt blocks its prefix cache can hold: the pages over the layer groups (a prompt block takes a page in each
+    # group, short of a sliding window). None: unknown, and the router charges nothing for evicting.
+    cache_blocks: int | None = None
 
     @property
     def max_model_len(self) -> int:

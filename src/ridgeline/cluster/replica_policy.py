@@ -14,8 +14,19 @@ the rest was re-prefill after the evictions they caused. So a replica is charged
 prompt blocks some other usable replica already holds (its `copy_s`): a prefix moves only when the holder's
 queue is longer than the alternative's by more than twice the prefill the move repeats - a real imbalance, the
 role of SGLang's cache-aware router's balance threshold, but in the router's own units (seconds of predicted
-work) rather than a request count. Prompts no replica holds pay no such charge, so traffic without shared
-prefixes (uniform load, a burst) is placed by counted load exactly as before.
+work) rather than a request count. Prompts no replica holds pay no copy charge, so traffic without shared
+prefixes (uniform load, a burst) is placed by counted load, less only what it would evict (below).
+
+A prefix no replica holds is charged likewise for what it evicts (its `evict_s`): its blocks past the room left in
+a replica's cache (the blocks the router knows it holds, reported or sent, against what the cache can hold), at
+the same COPY_PENALTY. Without it, the placement of a new system prompt was decided by whatever the counted load
+differed by at that moment - one more stream decoding, 15 tokens of backlog, a few milliseconds - so a replica
+already holding four prefixes got a fifth while the other had room for two, evicted from its full cache, and
+later turns re-prefilled what it evicted (benchmarks/router_replicas.py, 5 of 8 system prompts on one replica in
+a run under CPU stalls: +160 tokens). SGLang's cache-aware router sends a prompt that matches nowhere to the
+worker with the smallest tree for the same reason. Only the part nobody holds is charged: copying a held prefix
+is `copy_s` already, and a replica with room evicts nothing, so until the caches fill this changes nothing, and
+once both are full each is charged the same and counted load decides as before.
 
 Equal costs go to the replica with the fewest requests in flight, then the one holding the fewest cached blocks
 (a new prefix goes where it evicts least), then the fewest sent, so identical traffic is spread evenly even
@@ -41,15 +52,18 @@ class ReplicaChoice:
     cached_tokens: int
     cost: Cost  # this request's predicted latency there (what `auto` compares across models)
     copy_s: float = 0.0  # charge for prefilling blocks another replica already holds (see COPY_PENALTY)
+    evict_s: float = 0.0  # charge for the blocks nobody holds that this replica's full cache would evict for them
 
     @property
     def score(self) -> float:
-        return self.cost.total_s + self.copy_s
+        return self.cost.total_s + self.copy_s + self.evict_s
 
 
 def rank_replicas(replicas: list[str], prompt_tokens: int, output_tokens: int, cached_tokens: dict[str, int],
-                  index: PrefixIndex, loads: LoadTracker, rates: dict[str, Rates]) -> list[ReplicaChoice]:
-    """Usable replicas, best first. cached_tokens: the prompt tokens each replica holds (PrefixIndex.match)."""
+                  index: PrefixIndex, loads: LoadTracker, rates: dict[str, Rates],
+                  caches: dict[str, tuple[int, int]] | None = None) -> list[ReplicaChoice]:
+    """Usable replicas, best first. cached_tokens: the prompt tokens each replica holds (PrefixIndex.match);
+    caches: (block size, prompt blocks its cache holds) of each replica that says (absent: no eviction charge)."""
     held_anywhere = max((cached_tokens.get(name, 0) for name in replicas), default=0)
     choices = []
     for name in replicas:
@@ -57,7 +71,14 @@ def rank_replicas(replicas: list[str], prompt_tokens: int, output_tokens: int, c
         load = loads.of(name)
         cost = predict(rates[name], load, prompt_tokens, cached, output_tokens)
         copy_s = COPY_PENALTY * (held_anywhere - cached) / rates[name].prefill_tokens_per_s
-        choice = ReplicaChoice(name, cached, cost, copy_s)
+        evict_s = 0.0
+        if caches and name in caches:
+            block_size, capacity = caches[name]
+            stored = (prompt_tokens - 1) // block_size  # the full blocks the prompt leaves in the cache
+            fresh = stored - held_anywhere // block_size  # of them, those no replica holds
+            over = index.blocks_in_use(name) + stored - cached // block_size - capacity
+            evict_s = COPY_PENALTY * max(0, min(fresh, over)) * block_size / rates[name].prefill_tokens_per_s
+        choice = ReplicaChoice(name, cached, cost, copy_s, evict_s)
         choices.append((choice, (round(choice.score, 9), load.num_in_flight, index.num_blocks(name), load.sent, name)))
     choices.sort(key=lambda c: c[1])
     return [choice for choice, _ in choices]

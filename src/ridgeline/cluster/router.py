@@ -216,16 +216,19 @@ class Router:
         """Usable replicas of `model`, best first, with the prompt blocks each holds and its predicted cost."""
         usable = self.usable(model)
         cached: dict[str, int] = {}
+        caches: dict[str, tuple[int, int]] = {}  # replica -> (block size, prompt blocks its cache holds)
         if prompt_ids is not None:
             by_size: dict[int, list[str]] = {}
             for name in usable:
                 replica = self.replicas[name]
                 if isinstance(replica, WorkerReplica) and replica.info is not None:
                     by_size.setdefault(replica.info.block_size, []).append(name)
+                    if replica.info.cache_blocks is not None:
+                        caches[name] = (replica.info.block_size, replica.info.cache_blocks)
             for size, names in by_size.items():
                 cached.update(self.index.match(names, prompt_ids, size))
         ranked = rank_replicas(usable, prompt_tokens, output_tokens or self.expected_output_tokens, cached,
-                               self.index, self.loads, self.rates)
+                               self.index, self.loads, self.rates, caches)
         return self.round_robin.order(model, ranked) if self.round_robin else ranked
 
     def count_prompt_tokens(self, text: str) -> dict[str, int]:

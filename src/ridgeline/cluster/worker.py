@@ -44,7 +44,7 @@ class EngineWorker:
         scheduler = engine.scheduler
         manager = scheduler.block_manager
         self.info = WorkerInfo(worker_id, engine.model_name, role, manager.block_size, engine.admission.limits,
-                               manager.num_pages)
+                               manager.num_pages, manager.num_pages // len(manager.windows))
         # Publish the names of one full-attention group: it keeps every block, so it bounds what a prompt can hit.
         self._published_group = next((g for g, w in enumerate(manager.windows) if w is None), 0)
         if manager.prefix_cache is not None:

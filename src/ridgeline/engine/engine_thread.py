@@ -253,14 +253,36 @@ def _uncomputed_prompt_tokens(scheduler) -> int:
 
 def _prefill_remaining(scheduler) -> dict[str, int]:
     """Prompt tokens each waiting or running sequence still has to prefill; for a prompt not yet started, what its
-    prefix cache lookup would leave (a prompt whose prefix is cached costs only the rest)."""
+    prefix cache lookup would leave (a prompt whose prefix is cached costs only the rest), and less the blocks a
+    sequence ahead of it is still computing for the same prefix.
+
+    That last part is what the router's load count needs from this (cluster/load.py: the router takes this figure
+    for each request it names). Two turns on one new system prompt sent together: the second waits in `waiting`
+    while the first prefills it (scheduler._prefix_in_flight), and then finds it cached, so it costs its own turn
+    only. Counting only what is cached *now* reported its whole prompt instead, for as long as the first was
+    still computing; the router, which had counted it right (the prefix expected there), took the report's ~300
+    tokens, and saw the replica holding the prefix as that much busier: enough, with one more prefill queued
+    there, to send the next turn on that prefix to the other replica and prefill the prefix a second time (the copy
+    the replica policy charges for). Ahead means running, then earlier in `waiting`: the order the scheduler admits
+    in, and a later arrival on a prefix in flight waits for it however far back it is."""
+    manager = scheduler.block_manager
+    coming: set[bytes] = set()  # prompt blocks a sequence ahead computes (or holds), by chain hash
     remaining = {}
-    for queue in (scheduler.waiting, scheduler.running):
+    for queue in (scheduler.running, scheduler.waiting):
         for seq in queue:
             left = max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
+            if manager.prefix_cache is None:
+                remaining[seq.request_id] = left
+                continue
+            hashes = manager.block_hashes(seq, (seq.num_prompt_tokens - 1) // manager.block_size)
             if left and seq.num_computed_tokens == 0 and not any(seq.block_tables):
-                cached = scheduler.block_manager.find_cached_prefix(seq)
-                left -= len(cached[0]) * scheduler.block_manager.block_size if cached else 0
+                cached = manager.find_cached_prefix(seq)
+                hit = len(cached[0]) if cached else 0
+                if seq.sampling_params.prompt_logprobs is None:  # such a request waits for nobody (the scheduler's rule)
+                    while hit < len(hashes) and hashes[hit] in coming:
+                        hit += 1
+                left -= hit * manager.block_size
+            coming.update(hashes)
             remaining[seq.request_id] = max(0, left)
     return remaining
 

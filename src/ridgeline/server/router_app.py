@@ -259,6 +259,8 @@ def create_router_app(router: Router | Callable[[], Awaitable[Router]], api_key:
             rows.append({"replica": name, "model": replica.model, "kind": replica.kind, "state": health.state,
                          "last_error": health.last_error, "in_flight": load.num_in_flight,
                          "prefill_backlog_tokens": load.prefill_backlog, "cached_blocks": router.index.num_blocks(name),
+                         "blocks_in_use": router.index.blocks_in_use(name),
+                         "cache_blocks": getattr(getattr(replica, "info", None), "cache_blocks", None),
                          "prefill_tokens_per_s": round(rates.prefill_tokens_per_s, 1),
                          "decode_tokens_per_s": round(rates.decode_tokens_per_s, 2), "rates_from": rates.source,
                          "usd_per_hour": router.prices.get(name),
