@@ -266,16 +266,18 @@ def _prefill_remaining(scheduler) -> dict[str, int]:
     the replica policy charges for). Ahead means running, then earlier in `waiting`: the order the scheduler admits
     in, and a later arrival on a prefix in flight waits for it however far back it is."""
     manager = scheduler.block_manager
+    if manager.prefix_cache is None or not any(_unstarted(seq) for seq in scheduler.waiting):
+        # Nothing to look up (a decode-only step, the common one: this runs after every step on a worker): no
+        # hashing, each sequence's own remainder.
+        return {seq.request_id: max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
+                for queue in (scheduler.running, scheduler.waiting) for seq in queue}
     coming: set[bytes] = set()  # prompt blocks a sequence ahead computes (or holds), by chain hash
     remaining = {}
     for queue in (scheduler.running, scheduler.waiting):
         for seq in queue:
             left = max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
-            if manager.prefix_cache is None:
-                remaining[seq.request_id] = left
-                continue
             hashes = manager.block_hashes(seq, (seq.num_prompt_tokens - 1) // manager.block_size)
-            if left and seq.num_computed_tokens == 0 and not any(seq.block_tables):
+            if left and _unstarted(seq):
                 cached = manager.find_cached_prefix(seq)
                 hit = len(cached[0]) if cached else 0
                 if seq.sampling_params.prompt_logprobs is None:  # such a request waits for nobody (the scheduler's rule)
@@ -285,6 +287,11 @@ def _prefill_remaining(scheduler) -> dict[str, int]:
             coming.update(hashes)
             remaining[seq.request_id] = max(0, left)
     return remaining
+
+
+def _unstarted(seq) -> bool:
+    """No token of its prompt computed and no page taken: its prefix cache lookup is still to come."""
+    return seq.num_computed_tokens == 0 and not any(seq.block_tables)
 
 
 def run_sinks(deliveries: list[Delivery]) -> None:
