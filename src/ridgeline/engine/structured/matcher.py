@@ -102,7 +102,7 @@ class GrammarMatcher:
     def _computed(self) -> None:
         if self.closing:
             self._close()
-        self._bits = self._few = None
+        self._bits = None  # _few is keyed by position (_few_at)
         self._at = self.num_consumed
 
     def words(self) -> np.ndarray:
